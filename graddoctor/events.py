@@ -418,9 +418,11 @@ bag_offsets        how (decreasing: a start below the one before | empty: half t
                    (loc: the call; an aside; instrument/bagoffsets.py)
 placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
-                   stand apart from its positive values), share (of the rows or values that are
-                   0), rows (rows or values judged), width (the row's length; 1 for sparse),
-                   low, high (the filled values' range) — a regression loss at one of its first
+                   stand apart from its positive values | padded: sequences of frames ending
+                   in all-zero frames of varying length), share (of the rows or values that
+                   are 0; of the frames that are padding), rows (rows or values judged; padded
+                   sequences), width (the row's length; 1 for sparse; the frame's size), low,
+                   high (the filled values' range; the real lengths') — a regression loss at one of its first
                    8 calls with a gradient, reduced over every element, whose target holds a
                    fill value where there is nothing to regress, once per call line (loc: the
                    loss call; an aside; instrument/placeholders.py); fn log: a sparse map
@@ -1168,8 +1170,8 @@ sample_range       critic, generator (the two modules' class names), activation,
                    instrument/samplerange.py)
 loss_term_params   terms [{path (the additions' operand indices from the loss's root to the
                    term), op (the term's autograd node), params [pid] (tracked tensors it
-                   reaches)}], line (the backward's line): a backward's loss adds up terms of
-                   which one reaches only parameters no other term reaches — at the first
+                   reaches)}], line (the backward's line): a backward's loss adds up terms
+                   that fall into two groups or more sharing no parameter — at the first
                    backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
 loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
                    "log_softmax": log_softmax(x).gather(1, a), both with a positive sign), op

@@ -61,3 +61,82 @@ def test_silent_on_permutations_that_keep_the_pairs():
 
     for loop in (both, mixup, put_back, part):
         assert pairing(loop) == [], loop.__name__
+
+
+def _reordered(text):
+    import ast
+    import textwrap
+    from graddoctor.analysis.reorder import fields_reordered_apart
+    return fields_reordered_apart(ast.parse(textwrap.dedent(text)))
+
+
+def test_a_batch_sorted_by_length_without_its_labels_is_read_from_the_source():
+    found = _reordered("""
+        for step in range(10):
+            feats, lengths, frame_y, clip_y = make_batch(32)
+            lengths, order = lengths.sort(descending=True)
+            feats = feats[order]
+            prob = model(feats, lengths)
+            target = F.max_pool1d(frame_y, 2)
+            loss = F.binary_cross_entropy(prob, target) + bce(prob.amax(1), clip_y)
+            loss.backward()
+        """)
+    assert found == [(5, "order", ("frame_y", "clip_y"), 8, "frame_y")]
+
+
+def test_an_inline_shuffle_and_an_argsort_through_index_select_are_seen():
+    assert _reordered("""
+        while True:
+            x, y = synth()
+            x = x[torch.randperm(len(x))]
+            criterion(net(x), y).backward()
+        """) == [(4, "", ("y",), 5, "y")]
+    assert _reordered("""
+        for x, lengths, y in batches:
+            idx = lengths.argsort(descending=True)
+            x = x.index_select(0, idx)
+            loss = F.cross_entropy(net(x, lengths[idx]), y)
+            loss.backward()
+        """) == []  # lengths[idx] is read inline, not rebound: the permutation's use is not understood
+    assert _reordered("""
+        for x, lengths, y in batches:
+            idx = lengths.argsort(descending=True)
+            x, lengths = x.index_select(0, idx), lengths[idx]
+            loss = F.cross_entropy(net(x, lengths), y)
+            loss.backward()
+        """) == [(4, "idx", ("y",), 5, "y")]
+
+
+def test_orders_undone_shared_or_copied_are_left_alone():
+    together = """
+        for step in range(10):
+            x, lengths, y = make_batch()
+            lengths, order = lengths.sort(descending=True)
+            x, y = x[order], y[order]
+            loss = F.cross_entropy(net(x, lengths), y)
+            loss.backward()
+        """
+    undone = """
+        for step in range(10):
+            x, lengths, y = make_batch()
+            order = lengths.argsort(descending=True)
+            x, lengths = x[order], lengths[order]
+            out = net(x, lengths)[order.argsort()]
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+        """
+    copied = """
+        for step in range(10):
+            a, p = make_pairs()
+            perm = torch.randperm(len(p))
+            n = p[perm]
+            F.triplet_margin_loss(f(a), f(p), f(n)).backward()
+        """
+    no_backward = """
+        for step in range(10):
+            x, y = make_batch()
+            x = x[torch.randperm(len(x))]
+            print(F.cross_entropy(net(x), y))
+        """
+    for text in (together, undone, copied, no_backward):
+        assert _reordered(text) == []

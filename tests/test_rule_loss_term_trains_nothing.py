@@ -144,3 +144,43 @@ def test_a_cut_that_sample_not_reparameterised_tells_is_left_to_it():
     t = _gan()
     t.put(ev.reparam_cut(dist="Normal", params=[0, 1], op="AddmmBackward0", via="sample", backward=25), line=24)
     assert findings(t, SLUG) == []
+
+
+def test_terms_that_share_parameters_on_both_sides_still_fall_into_two_groups():
+    from graddoctor.instrument.deadterm import _groups
+    # a generator's two spectral terms share G, its adversarial and feature-matching terms D
+    assert sorted(map(sorted, _groups([{0, 1}, {0, 1}, {2, 3}, {2}]))) == [[0, 1], [2, 3]]
+    assert len(_groups([{0, 1}, {1, 2}, {2, 3}])) == 1  # chained through shared parameters
+    assert len(_groups([{0, 1, 2, 3}, {0, 1}, {2, 3}])) == 1  # a correct generator step
+
+
+def test_the_first_dead_term_in_the_operands_order_is_reported():
+    t = builder(params=[0, 1])
+    t.optimizer(1, [2, 3], line=2)
+    for _ in range(3):
+        t.clear([2, 3], opt=1, line=20)
+        t.backward(fresh=[2, 3], line=21)
+        t.step(1, line=22)
+        t.clear([0, 1], opt=0, line=24)
+        t.put(ev.loss_term_params(terms=[
+            {"path": [0, 0], "op": "L1LossBackward0", "params": [0, 1]},
+            {"path": [0, 1, 0], "op": "MseLossBackward0", "params": [0, 1]},
+            {"path": [1, 0], "op": "AddBackward0", "params": [2]},
+            {"path": [0, 1, 1], "op": "PowBackward0", "params": [2, 3]}], line=25), line=25)
+        t.backward(fresh=[0, 1], accumulated=[2, 3], line=25)
+        t.step(0, line=26)
+    f = only(t, SLUG)
+    assert f.evidence["op"] == "PowBackward0"
+
+
+def test_a_hand_written_term_is_followed_back_to_its_cut(tmp_path):
+    from graddoctor.analysis.source import graph_cut
+    script = tmp_path / "gan.py"
+    script.write_text(
+        "fake = G(z)\n"
+        "d_fake, feats = D(fake.detach())\n"
+        "g_adv = ((d_fake - 1) ** 2).mean()\n"
+        "loss_g = g_adv + l1\n")
+    assert graph_cut(str(script), 3, "pow") is None  # no loss call on the line
+    line, text, how = graph_cut(str(script), 3, "pow", whole=True)
+    assert (line, how) == (2, ".detach()")

@@ -136,3 +136,45 @@ def test_integer_rows_are_counts_not_a_canvas():
     returns = torch.zeros(16, 6)
     returns[:5] = torch.arange(6, 0, -1).float()  # undiscounted returns of 0/1 rewards
     assert judge_targets(returns) is None
+
+
+def _padded_batch(lengths, frames=20, width=8, time_axis=1):
+    torch.manual_seed(0)
+    t = torch.zeros(len(lengths), frames, width)
+    for i, n in enumerate(lengths):
+        t[i, :n] = torch.randn(n, width) - 4.0  # log-mel levels: negative, never exactly 0
+    return t if time_axis == 1 else t.transpose(1, 2).contiguous()
+
+
+def test_judge_padding_finds_frames_past_each_rows_end():
+    from graddoctor.instrument.placeholders import judge_padding
+    target = _padded_batch([20, 12, 15, 9, 20, 17])
+    pred = torch.randn_like(target)
+    found = judge_padding(pred, target)
+    assert found["how"] == "padded" and found["rows"] == 4 and (found["low"], found["high"]) == (9, 20)
+    assert found["width"] == 8
+    mels_first = _padded_batch([20, 12, 15, 9, 20, 17], time_axis=2)  # (B, n_mels, T)
+    assert judge_padding(torch.randn_like(mels_first), mels_first)["rows"] == 4
+
+
+def test_judge_padding_stays_silent_on_masked_predictions_and_other_zeros():
+    from graddoctor.instrument.placeholders import judge_padding
+    target = _padded_batch([20, 12, 15, 9, 20, 17])
+    masked = torch.randn_like(target).masked_fill(target.eq(0).all(-1, keepdim=True), 0.0)
+    assert judge_padding(masked, target) is None  # Tacotron 2's masked_fill on the output
+    same = _padded_batch([14, 14, 14, 14])
+    assert judge_padding(torch.randn_like(same), same) is None  # one length: a fixed-size crop
+    rests = _padded_batch([20, 12, 15, 9, 20, 17])
+    rests[:, 2:5] = 0.0  # zero frames inside the sequences: silence is a value here
+    assert judge_padding(torch.randn_like(rests), rests) is None
+    assert judge_padding(torch.randn(6, 20, 8), torch.randn(6, 20, 8)) is None
+
+
+def test_the_padded_event_reads_as_a_warning_at_the_loss_call():
+    t = builder()
+    t.put(ev.placeholder_targets(fn="l1_loss", shape=[6, 20, 8], how="padded", share=0.3,
+                                 rows=4, width=8, low=9, high=20), line=12)
+    t.backward(line=13)
+    f = only(t, SLUG)
+    assert f.severity == Severity.WARNING and f.location.line == 12
+    assert "padded batch of sequences" in f.message and "pred[mask]" in f.fix

@@ -178,8 +178,8 @@ class ScriptSource:
     def hard_cut_term(self, path: str, line: int) -> tuple[int, str, str, str] | None:
         return hard_cut_term(self.full(path), line)
 
-    def graph_cut(self, path: str, line: int, fn: str) -> tuple[int, str, str] | None:
-        return graph_cut(self.full(path), line, fn)
+    def graph_cut(self, path: str, line: int, fn: str, whole: bool = False) -> tuple[int, str, str] | None:
+        return graph_cut(self.full(path), line, fn, whole)
 
     def group_lr(self, path: str, line: int, index: int) -> tuple[int, str] | None:
         return group_lr(self.full(path), line, index)
@@ -3287,14 +3287,16 @@ def _value_names(expr: ast.AST) -> list[str]:
     return names
 
 
-def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
+def graph_cut(path: str, line: int, fn: str, whole: bool = False) -> tuple[int, str, str] | None:
     """``(line, text, how)`` of the statement where the input of the loss called on ``line``
     (``fn``: the wrapped function's name) was cut from the graph: the call's own arguments
     (``F.mse_loss(pred.detach(), y)``), the assignment above it, in the same function, of a
     name they read (followed back four assignments deep: ``boxes = decode(deltas.detach(),
     anchors)``), a statement of a function of the file called there (``torch.from_numpy(...)``
     in a helper), or a statement under ``torch.no_grad()``. ``how``: ".detach()", ".data",
-    "torch.no_grad()"... None when no cut is found or the source cannot be read."""
+    "torch.no_grad()"... None when no cut is found or the source cannot be read. ``whole``: when
+    no call on ``line`` is a loss's, the assignment's whole value is the input (a loss written
+    by hand: ``g_adv = ((d_fake - 1) ** 2).mean()``)."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -3310,11 +3312,15 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
              and c.lineno <= line <= (c.end_lineno or c.lineno)]
     chosen = [c for c in calls if _last_name(c.func) == fn] or \
         [c for c in calls if any(w in (_last_name(c.func) or "").lower() for w in _LOSS_WORDS)]
-    if len(chosen) != 1:
+    if not chosen and whole and isinstance(statement, (ast.Assign, ast.AnnAssign)) \
+            and statement.value is not None:
+        args = [statement.value]
+    elif len(chosen) != 1:
         return None  # not told apart: say nothing rather than blame another call
-    call = chosen[0]
-    # the input (the prediction): a target is data, often detached on purpose
-    args = call.args[:1] or [k.value for k in call.keywords if k.arg in ("input", "log_probs")]
+    else:
+        call = chosen[0]
+        # the input (the prediction): a target is data, often detached on purpose
+        args = call.args[:1] or [k.value for k in call.keywords if k.arg in ("input", "log_probs")]
     defs = {d.name: d for d in walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     scope = _enclosing_function(tree, statement.lineno)
     assignments = sorted((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))

@@ -423,7 +423,7 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
-        # loss terms that reach only parameters no other term reaches (loss-term-trains-nothing)
+        # loss terms in groups that share no parameter (loss-term-trains-nothing)
         dead_terms = DeadTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dead_terms.describe_loss)
         self.watchers.append(dead_terms)

@@ -15,8 +15,9 @@ products by constants; each node where the walk stops is a term, named by the ad
 operand indices on the way to it (``path``: ``(0,)`` the left operand of the top addition,
 ``(1, 0)`` the left operand of its right one). Below each term the leaves are walked; the
 tracked tensors (parameters) each reaches are compared, and a ``loss_term_params`` aside is
-made when two terms or more reach parameters and one of them reaches only parameters no other
-term reaches: the rule reads from the ledger whether any step applied those gradients.
+made when two terms or more reach parameters and the terms fall into two groups or more that
+share no parameter (one term apart from the rest, or several cut to the same other model, such
+as a GAN generator's adversarial and feature-matching terms both reaching only D): the rule reads from the ledger whether any step applied those gradients.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top and of ``_LEAF_NODES`` below each of
 at most ``_TERMS`` terms, at the first backwards of each line only; nothing after them.
@@ -29,7 +30,7 @@ from .graphpaths import reached, saved
 from .lossterms import LossGraphReader, _sign_of
 
 _NODES = 128  # nodes of the linear top walked
-_TERMS = 8  # terms followed to their leaves, at most
+_TERMS = 12  # terms followed to their leaves, at most (a multi-resolution loss adds several)
 _LEAF_NODES = 20000  # nodes walked below a term
 _PASS = ("NegBackward0", "MeanBackward", "SumBackward", "View", "Reshape", "UnsafeView", "Squeeze",
          "Unsqueeze", "Clone", "ToCopy", "Expand", "Alias", "Contiguous", "AddBackward1",
@@ -70,6 +71,18 @@ def additive_terms(root, limit: int = _NODES) -> list[tuple[tuple[int, ...], obj
     return found
 
 
+def _groups(param_sets: list[set]) -> list[set]:
+    """The terms' parameters joined wherever two terms share one: more than one group means
+    some terms reach parameters apart from the rest, though each may share them with another
+    term (a GAN generator's adversarial and feature-matching terms both cut to D alone)."""
+    groups: list[set] = []
+    for pids in param_sets:
+        joined = [g for g in groups if g & pids]
+        merged = set(pids).union(*joined)
+        groups = [g for g in groups if not (g & pids)] + [merged]
+    return groups
+
+
 class DeadTermWatcher(LossGraphReader):
     """Emits a ``loss_term_params`` aside at a backward whose loss adds up terms that reach
     parameters apart from each other (loss-term-trains-nothing)."""
@@ -90,13 +103,7 @@ class DeadTermWatcher(LossGraphReader):
         with_params = [t for t in told if t[2]]
         if len(with_params) < 2:
             return
-        apart = False
-        for k, (_, _, pids) in enumerate(with_params):
-            others = set().union(*(t[2] for j, t in enumerate(with_params) if j != k))
-            if not others.intersection(pids):
-                apart = True
-                break
-        if not apart:
+        if len(_groups([set(t[2]) for t in with_params])) < 2:
             return
         self.rec.emit_aside(ev.loss_term_params(
             terms=[{"path": list(path), "op": op, "params": pids[:256]} for path, op, pids in told],

@@ -28,6 +28,13 @@ CPU float tensor without gradient (a device's only before the first step: no hos
   at least ``_GAP`` of the largest: zeros that stand apart from the measured values (missing
   depth), not the low end of a continuum (dark pixels, no rain).
 
+* ``padded``: a batch of sequences of frames, (B, T, F) or (B, F, T) with F of 2 or more (a
+  mel-spectrogram, features per frame), whose rows end in a run of all-zero frames, of at least
+  two lengths, in ``_MIN_PADDED`` rows or more (``_LOW`` of them at least) and
+  ``_PAD_SHARE`` of the frames, with almost no zero frame before a row's end, while the
+  prediction is not all 0 there too: the padding of a variable-length batch, which the loss
+  trains the model to predict (a TTS decoder's mel frames past each utterance's end).
+
 One ``placeholder_targets`` aside event per call line (loc: the loss call).
 
 A loss written by hand reads the same canvas through a log (the scale-invariant depth loss,
@@ -58,6 +65,8 @@ _MIN_FILLED = 2  # filled rows (or values), at least: a detector matches well un
 _ZERO_IN_ROWS = 0.05  # share of zeros among the values of the filled rows, at most
 _GAP = 0.01  # the filled values of a sparse map are at least this share of its largest
 _MAX_VALUES = 1 << 22  # values of a target read, at most
+_MIN_PADDED = 2  # rows of a padded batch that end in padding, at least
+_PAD_SHARE = 0.05  # share of a padded batch's frames that are padding, at least
 _LOG_CALLS = 16  # log calls on a tensor without gradient judged, at most
 WINDOW = 3  # backwards after which the log wrappers are put back
 
@@ -119,6 +128,43 @@ def judge_targets(target: torch.Tensor) -> dict | None:
                 "width": 1, "low": round(low, 6), "high": round(high, 6)}
 
 
+def judge_padding(input: torch.Tensor, target: torch.Tensor) -> dict | None:
+    """``padded``: a batch of sequences of frames, (B, T, F) or (B, F, T), whose rows end in a
+    run of all-zero frames of varying length (the padding of a variable-length batch) with
+    almost no zero frame before it, while the prediction is not zero there too (a prediction
+    masked to 0 at the padding, Tacotron 2's ``masked_fill``, adds nothing there)."""
+    if not target.is_floating_point() or target.requires_grad or target.dim() != 3 \
+            or target.numel() > _MAX_VALUES or target.shape[0] < _MIN_PADDED:
+        return None
+    with torch.no_grad():
+        t, x = target.detach(), input.detach()
+        for time_axis in (1, 2):
+            frames = int(t.shape[time_axis])
+            width = int(t.shape[3 - time_axis])
+            if frames < 4 or width < 2:
+                continue
+            empty = (t == 0).all(dim=3 - time_axis)  # (B, T): frames that are all 0
+            # each row's real length: the frames before its trailing run of empty frames
+            filled = (~empty).int()
+            last = torch.where(filled.any(1), frames - filled.flip(1).argmax(1), torch.zeros_like(filled[:, 0]))
+            inside = torch.arange(frames, device=t.device)[None, :] < last[:, None]
+            padded_rows = int((last < frames).sum())
+            lengths = last[last > 0]
+            if padded_rows < _MIN_PADDED or padded_rows < _LOW * t.shape[0] \
+                    or lengths.numel() < t.shape[0] or int(lengths.unique().numel()) < 2:
+                continue
+            pad_share = float((~inside).float().mean())
+            holes = float((empty & inside).float().sum() / inside.float().sum().clamp(min=1))
+            if pad_share < _PAD_SHARE or holes > _ZERO_IN_ROWS:
+                continue
+            pad = (~inside).unsqueeze(3 - time_axis).expand_as(t)
+            if bool((x[pad] == 0).all()):
+                return None  # the prediction is masked at the padding too
+            return {"how": "padded", "share": round(pad_share, 4), "rows": padded_rows,
+                    "width": width, "low": int(lengths.min()), "high": int(lengths.max())}
+    return None
+
+
 class PlaceholderTargetWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -140,6 +186,8 @@ class PlaceholderTargetWatcher:
             if _reduction(fn, kwargs or {}, args or ()) in ("none", "masked"):
                 return
             found = judge_targets(target)
+            if found is None:
+                found = judge_padding(input, target)
             if found is None:
                 return
             loc = self.rec.here()

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import ast
+
+from ..analysis.reorder import fields_reordered_apart
 from ..findings import Severity
-from .base import Rule
+from ..trace import Location
+from .base import Related, Rule
 
 
 class InputsPermutedWithoutLabels(Rule):
@@ -12,6 +16,12 @@ class InputsPermutedWithoutLabels(Rule):
     Checked by value on the first turns (CPU tensors): the model's inputs are all the rows of one
     batch, permuted, and the target is one of that batch's tensors unpermuted, with nothing
     between the model's output and the loss that reorders rows. It points at the model's call.
+    For a batch no DataLoader serves (made by the script's own function), the script's source
+    is read instead, in the files whose backwards ran: in a loop that calls `backward`, fields
+    unpacked together (`feats, lengths, y = make_batch()`), some rebound in the order of a
+    permutation (`lengths, order = lengths.sort(descending=True)` then `feats = feats[order]`,
+    or `x = x[torch.randperm(len(x))]`) while another keeps the old order and a loss call reads
+    it (directly or through names assigned from it). It points at the reordering.
 
     ## Why is this bad?
     Row `i` of the output is scored against label `i`, which now belongs to another sample: the
@@ -34,8 +44,11 @@ class InputsPermutedWithoutLabels(Rule):
     ## Stays silent on
     One permutation applied to inputs and labels; mixup (the inputs mixed with a permuted copy,
     the loss over both label sets); a batch sorted by length for `pack_padded_sequence` and the
-    outputs put back in the loader's order; a permutation-invariant target (one value repeated);
-    inputs that are not the batch's rows (normalised, augmented).
+    outputs put back in the loader's order (any other use of the permutation, such as
+    `order.argsort()`, leaves the source's reading silent); `enforce_sorted=False` on an
+    unsorted batch; a permuted copy kept under a new name (negatives, a shuffled partner);
+    a permutation-invariant target (one value repeated); inputs that are not the batch's rows
+    (normalised, augmented).
     """
 
     code = "GD251"
@@ -59,3 +72,36 @@ class InputsPermutedWithoutLabels(Rule):
                 e.loc, step=a.next_step_number(e.seq),
                 evidence={"loss": e["fn"], "batch": [e["loader"], epoch, index],
                           "target_field": e["field"], "rows": e["rows"]})
+        yield from self._from_source(a)
+
+    def _from_source(self, a):
+        told = {e.loc.path for e in a.of_kind("batch_pairing")
+                if e["problem"] == "permuted" and e.loc is not None}
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            if path in told:
+                continue  # the run's values said it already, at the model's call
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            packs = any(isinstance(n, ast.Attribute) and n.attr == "pack_padded_sequence"
+                        or isinstance(n, ast.Name) and n.id == "pack_padded_sequence"
+                        for n in ast.walk(tree))
+            for line, perm, left, loss_line, field in fields_reordered_apart(tree):
+                order = f"the order of `{perm}`" if perm else "a random order drawn here"
+                names = ", ".join(f"`{n}`" for n in left)
+                yield self.finding(
+                    f"this puts the batch's rows in {order}, but {names}, unpacked from the "
+                    f"same batch, keep the old order, and the loss at line {loss_line} compares "
+                    f"the model's output with `{field}`: each output is scored against another "
+                    f"sample's target, so the model trains on mismatched labels",
+                    Location(path, line),
+                    related=(Related(Location(path, loss_line), f"the loss reading `{field}`"),),
+                    evidence={"permutation": perm or None, "left": list(left), "loss_line": loss_line,
+                              "target_field": field},
+                    fix=(f"reorder {names} with the same indices in this statement"
+                         + (f" ({field} = {field}[{perm}])" if perm else
+                            " (draw `perm = torch.randperm(len(x))` once and index every field with it)")
+                         + (", or pass enforce_sorted=False to pack_padded_sequence and leave the "
+                            "batch in its order" if packs else "")))

@@ -19,13 +19,15 @@ class LossTermTrainsNothing(Rule):
     (`d(fake.detach())` in a GAN generator's step, `critic(s, actor(s).detach())` beside an
     actor's penalty, samples drawn under `torch.no_grad()`), so it reaches only another
     optimizer's parameters (the discriminator's, the critic's), and their gradients from this
-    backward are cleared before any step applies them. At the first backwards of each line the
+    backward are cleared before any step applies them. Several terms can be cut to the same
+    model (a vocoder's adversarial and feature-matching terms both on `D(wav.detach())`). At the first backwards of each line the
     loss's linear top (sums, differences, negations and constant factors) is split into its
     terms and the parameters each term reaches are noted; the gradient ledger says which of them
     a step applied. Reported when the same term reaches only cleared, unapplied gradients at two
     backwards of the line or more and is applied at none, at the statement that cuts the graph
-    when the source shows one (`.detach()`, `.data`, `torch.no_grad()`), else at the term's
-    assignment.
+    when the source shows one (`.detach()`, `.data`, `torch.no_grad()`; for a term written by
+    hand, `((d_fake - 1) ** 2).mean()`, followed back through the assignments it reads), else at
+    the term's assignment.
 
     ## Why is this bad?
     The term is computed, printed and added to the loss, and the loss still falls through its
@@ -97,7 +99,9 @@ class LossTermTrainsNothing(Rule):
                 for path in o[1]:
                     counts[path] = counts.get(path, 0) + 1
             used = set().union(*(o[2] for o in obs))
-            common = [path for path, n in counts.items() if n >= 2 and path not in used]
+            # in the script's operand order: the first dead term written, whatever the set order
+            common = sorted((path for path, n in counts.items() if n >= 2 and path not in used),
+                            key=lambda k: (list(k[:-1]), k[-1]))
             if not common:
                 continue
             e, _, _, dead, applied, steps, clears = next(o for o in obs if common[0] in o[1])
@@ -116,7 +120,7 @@ class LossTermTrainsNothing(Rule):
                 found = a.source.term_assignment(path, assigned[0], name)
                 if found is not None:
                     term_text = found
-                    cut = a.source.graph_cut(path, found[0], _function(term["op"]))
+                    cut = a.source.graph_cut(path, found[0], _function(term["op"]), whole=True)
             where = Location(path, assigned[0])
         if cut is not None:
             loc = Location(path, cut[0])

@@ -17,6 +17,10 @@ class PlaceholderTargetsTrained(Rule):
     element: a target of rows of 2 to 8 coordinates of which 20% or more (not all) are entirely
     0 while the other rows hold almost no 0, or a map (three axes or more) with 20% or more exact zeros
     whose other values are positive, not integers, and all at least 1% of the largest.
+    A batch of variable-length sequences of frames, (B, T, F) or (B, F, T), padded with all-zero
+    frames past each row's end (lengths of two values or more, 5% of the frames or more, no zero
+    frame before a row's end), the prediction not zero there too, is the same canvas in time (a
+    TTS decoder's mel frames, an enhancement model's spectrogram frames).
     Reported at the loss call. A loss written by hand is seen where it takes the log of such a
     map (`torch.log(gt)` in a scale-invariant depth loss, at the first calls of `torch.log` /
     `Tensor.log` on a tensor without gradient): log(0) is -inf there.
@@ -47,6 +51,9 @@ class PlaceholderTargetsTrained(Rule):
     20%) or whose filled rows hold zeros too (images, one-hot rows: 0 is a value there); maps
     whose small values reach down towards 0 (dark pixels, light rain); integer counts; targets
     that carry a gradient; the log of a prediction (it carries a gradient) or of a dense map.
+    For padded sequences: the valid frames selected (`pred[mask]`), a prediction masked to 0 at
+    the padding as well (`mel_out.masked_fill_(~mask, 0)` before an MSE over everything), batches
+    of one length, zero frames inside the sequences too (silence that is 0).
     """
 
     code = "GD288"
@@ -71,6 +78,18 @@ class PlaceholderTargetsTrained(Rule):
                 fix = ("take the loss over the filled rows only: keep the mask the rows were "
                        "written with (pos = matched anchors, visible keypoints) and call "
                        f"{e['fn']}(pred[pos], target[pos]) (guard an empty mask)")
+            elif e["how"] == "padded":
+                message = (
+                    f"the target given to {e['fn']} here ({shape}) is a padded batch of "
+                    f"sequences: {e['rows']} of them end in all-zero frames (real lengths from "
+                    f"{e['low']} to {e['high']}), {e['share']:.0%} of the frames, with no zero "
+                    f"frame before each sequence's end — the padding, which this loss, reduced "
+                    f"over every element, trains the model to predict (frames of silence at "
+                    f"the level 0 after each utterance), while diluting the real frames' loss")
+                fix = ("mask the padding out: build the frames' mask from the lengths "
+                       "(mask = torch.arange(T)[None, :] < lengths[:, None]) and call "
+                       f"{e['fn']}(pred[mask], target[mask]), or take reduction=\"none\" and "
+                       "divide the masked sum by the mask's count")
             elif e["fn"] == "log":
                 message = (
                     f"the target map whose log is taken here ({shape}) is {e['share']:.0%} "

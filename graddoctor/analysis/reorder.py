@@ -1,0 +1,215 @@
+"""Batch fields put in another order apart from each other, read from the script's source
+(inputs-permuted-without-labels, for batches no DataLoader serves).
+
+A training loop that sorts a batch by length for ``pack_padded_sequence``, or shuffles it, must
+reorder every field of the batch with the same indices. The walk below looks, in each loop that
+calls ``backward``, for names unpacked together from one value (``feats, lengths, y = batch``,
+``for x, y in pairs``), a permutation made there (``lengths, order = lengths.sort(...)``,
+``order = lengths.argsort()``, ``perm = torch.randperm(n)``), fields rebound in its order
+(``feats = feats[order]``, ``x = x.index_select(0, perm)``) and another field of the same
+unpacking that keeps the old order while a loss call reads it (directly or through the names
+assigned from it). A permutation the loop uses in any other way (an inverse for putting the
+outputs back, ``order.argsort()``, a write ``out[order] = ...``) or a field copied under a new
+name (negatives, a mixup partner) is not this pattern and is left alone."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .source import scope_walk
+
+_PERMUTING = ("argsort", "randperm", "permutation")
+# a loss function's or criterion's name (``F.l1_loss``, ``criterion``, ``bce``), not a layer's
+# that happens to hold the letters (``max_pool1d``)
+_LOSS_NAME = re.compile(r"loss|crit|cross_entropy|(^|_)(nll|mse|l1|bce|kl_div|ctc|huber)(_|$)")
+
+
+def _last(func: ast.AST) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _permutation(stmt: ast.stmt) -> tuple[str, str | None] | None:
+    """``(permutation's name, the field it sorts or None)`` when ``stmt`` makes one."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) \
+            and value.slice.value == 1:
+        value = value.value  # t.sort()[1]
+    elif isinstance(value, ast.Attribute) and value.attr == "indices":
+        value = value.value
+    if not isinstance(value, ast.Call):
+        return None
+    name = _last(value.func)
+    source = None
+    if isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Name) \
+            and value.func.value.id not in ("torch", "np", "numpy"):
+        source = value.func.value.id
+    elif value.args and isinstance(value.args[0], ast.Name):
+        source = value.args[0].id
+    if name == "sort":
+        if isinstance(target, ast.Tuple) and len(target.elts) == 2 \
+                and isinstance(target.elts[1], ast.Name):
+            return target.elts[1].id, source
+        if isinstance(target, ast.Name) and stmt.value is not value:
+            return target.id, source
+        return None
+    if name in _PERMUTING and isinstance(target, ast.Name):
+        return target.id, source if name == "argsort" else None
+    return None
+
+
+def _inline_reordering(stmt: ast.stmt) -> tuple[str, int] | None:
+    """``(name, line)`` when ``stmt`` rebinds a name to its rows in a random order drawn inline
+    (``x = x[torch.randperm(len(x))]``)."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 \
+            or not isinstance(stmt.targets[0], ast.Name):
+        return None
+    value = stmt.value
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) \
+            and value.value.id == stmt.targets[0].id and isinstance(value.slice, ast.Call) \
+            and _last(value.slice.func) in ("randperm", "permutation"):
+        return value.value.id, stmt.lineno
+    return None
+
+
+def _reindexed(expr: ast.AST, perm: str) -> str | None:
+    """The name ``expr`` reorders by ``perm`` (``x[perm]``, ``x.index_select(0, perm)``,
+    ``torch.index_select(x, 0, perm)``), or None."""
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name) \
+            and isinstance(expr.slice, ast.Name) and expr.slice.id == perm:
+        return expr.value.id
+    if isinstance(expr, ast.Call) and _last(expr.func) == "index_select":
+        args = list(expr.args)
+        if isinstance(expr.func, ast.Attribute) and isinstance(expr.func.value, ast.Name) \
+                and expr.func.value.id not in ("torch",):
+            args = [expr.func.value, *args]
+        if len(args) == 3 and isinstance(args[0], ast.Name) and isinstance(args[2], ast.Name) \
+                and args[2].id == perm:
+            return args[0].id
+    return None
+
+
+def _unpacked_groups(loop: ast.AST, statements: list[ast.stmt]) -> list[tuple[int, list[str]]]:
+    """``(line, names)`` of each unpacking of two names or more: the loop's own target and the
+    tuple assignments of its body."""
+    groups = []
+    targets = [(loop.lineno, loop.target)] if isinstance(loop, ast.For) else []
+    targets += [(s.lineno, s.targets[0]) for s in statements
+                if isinstance(s, ast.Assign) and len(s.targets) == 1]
+    for line, target in targets:
+        if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts) \
+                and len(target.elts) >= 2:
+            groups.append((line, [e.id for e in target.elts]))
+    return groups
+
+
+def _is_loss_call(call: ast.Call) -> bool:
+    return _LOSS_NAME.search((_last(call.func) or "").lower()) is not None
+
+
+def fields_reordered_apart(tree: ast.AST) -> list[tuple[int, str, list[str], int, str]]:
+    """``(line of the first reordering, permutation, fields left in order, line of the loss call
+    that reads one, that field)`` for each loop that calls ``backward`` (see the module's docs)."""
+    found = []
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))]
+    for loop in loops:
+        nodes = list(scope_walk(loop))
+        if not any(isinstance(n, ast.Call) and _last(n.func) == "backward" for n in nodes):
+            continue
+        if any(isinstance(n, (ast.For, ast.While)) and n is not loop for n in nodes):
+            continue  # the innermost loop that trains is the one read
+        statements = sorted((n for n in nodes if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
+        groups = _unpacked_groups(loop, statements)
+        for stmt in statements:
+            inline = _inline_reordering(stmt)
+            if inline is not None:  # x = x[torch.randperm(len(x))]: an order of its own
+                field, line = inline
+                for unpacked, names in groups:
+                    if field in names and unpacked < line:
+                        left = [n for n in names if n != field]
+                        hit = _read_by_loss(statements, left, unpacked, line)
+                        if hit is not None:
+                            found.append((line, "", left, hit[0], hit[1]))
+                            break
+                continue
+            made = _permutation(stmt)
+            if made is None:
+                continue
+            perm, sorted_field = made
+            # every use of the permutation must be a reordering of a name rebound to itself
+            rebound: dict[str, int] = {}
+            other_use = False
+            for s in statements:
+                if s is stmt:
+                    continue
+                uses = [n for n in ast.walk(s) if isinstance(n, ast.Name) and n.id == perm]
+                if not uses:
+                    continue
+                if not isinstance(s, ast.Assign) or len(s.targets) != 1:
+                    other_use = True
+                    break
+                target = s.targets[0]
+                pairs = list(zip(target.elts, s.value.elts)) \
+                    if isinstance(target, ast.Tuple) and isinstance(s.value, ast.Tuple) \
+                    and len(target.elts) == len(s.value.elts) else [(target, s.value)]
+                reordered = 0
+                for t, v in pairs:
+                    field = _reindexed(v, perm)
+                    if field is not None and isinstance(t, ast.Name) and t.id == field:
+                        rebound.setdefault(field, s.lineno)
+                        reordered += 1
+                    elif perm in _names(v):
+                        other_use = True
+                if other_use or not reordered:
+                    other_use = True
+                    break
+            if other_use or not rebound:
+                continue
+            first = min(rebound.values())
+            for unpacked, names in groups:
+                if not set(rebound) & set(names) or unpacked >= first:
+                    continue
+                left = [n for n in names if n not in rebound and n != sorted_field
+                        and n != perm]
+                hit = _read_by_loss(statements, left, unpacked, first)
+                if hit is not None:
+                    found.append((first, perm, left, hit[0], hit[1]))
+                    break
+    return sorted(set((a, b, tuple(c), d, e) for a, b, c, d, e in found))
+
+
+def _read_by_loss(statements: list[ast.stmt], fields: list[str], unpacked: int,
+                  after: int) -> tuple[int, str] | None:
+    """``(line, field)`` of the first loss call after line ``after`` that reads one of
+    ``fields`` (unpacked at line ``unpacked``) as it is or through the names assigned from it."""
+    carries = {f: f for f in fields}  # name -> the field whose order it keeps
+    for s in statements:
+        if s.lineno <= unpacked:
+            continue
+        if s.lineno > after:
+            for call in ast.walk(s):
+                if not (isinstance(call, ast.Call) and _is_loss_call(call)):
+                    continue
+                for arg in [*call.args, *(k.value for k in call.keywords)]:
+                    read = sorted(_names(arg) & set(carries))
+                    if read:
+                        return s.lineno, carries[read[0]]
+        if isinstance(s, ast.Assign):
+            read = sorted(_names(s.value) & set(carries))
+            targets = {n.id for t in s.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            for name in targets:
+                if read:
+                    carries[name] = carries[read[0]]
+                else:
+                    carries.pop(name, None)
+    return None
