@@ -137,3 +137,20 @@ def test_the_temperature_lines_and_their_divided_form(tmp_path):
                      3: ("sim /= self.temperature", False, None),
                      5: ("w = s / cfg['temperature']", False, None),
                      6: ("h = x / 0.5", False, 0.5)}
+
+
+def test_similarities_divided_by_a_learned_logit_scale_are_found_in_the_source():
+    import ast as _ast
+    from graddoctor.rules.contrastive_temperature_multiplied import logit_scale_divisions
+    src = (
+        "import torch\n"                                                         # 1
+        "class Clip:\n"                                                          # 2
+        "    def forward(self, a, b, q, k):\n"                                   # 3
+        "        logit_scale = self.logit_scale.exp()\n"                         # 4
+        "        bad = a @ b.t() / logit_scale\n"                                # 5
+        "        bad2 = torch.matmul(a, b.T) / self.logit_scale.exp()\n"         # 6
+        "        good = logit_scale * a @ b.t()\n"                               # 7
+        "        attn = q @ k.transpose(-2, -1) / self.scale\n"                  # 8
+        "        return a @ b.t() / 0.07\n")                                     # 9
+    found = [(line, divisor) for line, _, divisor in logit_scale_divisions(_ast.parse(src))]
+    assert found == [(5, "logit_scale"), (6, "self.logit_scale.exp()")]

@@ -103,3 +103,46 @@ def test_dit_label_dropout_to_the_last_class_index():
         "        ok = torch.rand(labels.shape[0]) < self.p\n"                      # 10
         "        return torch.where(ok, self.num_classes, labels)\n")             # 11
     assert _found(src) == [(7, "ids", "drop")]
+
+
+def _kept(src):
+    from graddoctor.rules.drop_mask_inverted import kept_at_drop_rate
+    return [(line, rate) for line, _, rate, _ in kept_at_drop_rate(ast.parse(src))]
+
+
+def test_a_bernoulli_keep_mask_drawn_at_the_drop_rate_is_found():
+    src = (
+        "import torch\n"                                                              # 1
+        "def drop_path(x, drop_prob):\n"                                              # 2
+        "    keep_prob = drop_prob\n"                                                 # 3
+        "    mask = x.new_empty((x.shape[0], 1)).bernoulli_(keep_prob)\n"             # 4
+        "    return x * mask / keep_prob\n"                                           # 5
+        "def direct(x, drop_rate):\n"                                                 # 6
+        "    m = torch.bernoulli(torch.full((x.shape[0], 1), drop_rate))\n"           # 7
+        "    return x * m\n"                                                          # 8
+        "class DropPath:\n"                                                           # 9
+        "    def forward(self, x):\n"                                                 # 10
+        "        keep = self.drop_prob\n"                                             # 11
+        "        r = torch.bernoulli(torch.full((x.shape[0], 1), keep))\n"            # 12
+        "        return x / keep * r\n")                                              # 13
+    assert _kept(src) == [(3, "drop_prob"), (7, "drop_rate"), (11, "self.drop_prob")]
+
+
+def test_keep_probabilities_and_drop_masks_at_the_drop_rate_are_left_alone():
+    src = (
+        "import torch\n"
+        "def drop_path(x, drop_prob=0.0):\n"
+        "    keep_prob = 1 - drop_prob\n"
+        "    random_tensor = x.new_empty((x.shape[0], 1)).bernoulli_(keep_prob)\n"
+        "    random_tensor.div_(keep_prob)\n"
+        "    return x * random_tensor\n"
+        "def unit_dropout(h, drop_rate):\n"
+        "    dropped = torch.bernoulli(torch.full(h.shape, drop_rate))\n"
+        "    return h * (1 - dropped)\n"
+        "def filled(h, drop_rate):\n"
+        "    gone = torch.bernoulli(torch.full(h.shape, drop_rate))\n"
+        "    return h.masked_fill(gone.bool(), 0.0)\n"
+        "def sparse(h, p):\n"                                   # a rate not named for dropping
+        "    m = torch.bernoulli(torch.full(h.shape, p))\n"
+        "    return h * m\n")
+    assert _kept(src) == []

@@ -123,3 +123,19 @@ def test_the_one_order_finding_points_at_the_raw_slice(tmp_path):
     t.backward(line=5)
     found = list(find_rule("rows-shuffled-apart")().check(Analysis(t.trace)))
     assert [(f.location.line, f.fix) for f in found] == [(4, "index both with the same rows: `Y[idx]`")]
+
+
+def test_a_dataset_built_with_one_field_in_a_random_order_is_found():
+    import ast as _ast
+    from graddoctor.rules.rows_shuffled_apart import fields_permuted_apart
+    src = (
+        "import torch\n"                                                       # 1
+        "order = torch.randperm(10)\n"                                         # 2
+        "a = TensorDataset(x, y[order])\n"                                     # 3
+        "b = TensorDataset(x[order], y[order])\n"                              # 4
+        "c = list(zip(imgs, caps[torch.randperm(10)]))\n"                      # 5
+        "def build(x, y):\n"                                                   # 6
+        "    sub = torch.randperm(10)[:5]\n"                                   # 7
+        "    return PairDataset(x[sub], y[sub]), PairDataset(x, y)\n")         # 8
+    found = [(line, shuffled, other) for line, _, shuffled, other in fields_permuted_apart(_ast.parse(src))]
+    assert found == [(3, "y[order]", "x"), (5, "caps[torch.randperm(10)]", "imgs")]

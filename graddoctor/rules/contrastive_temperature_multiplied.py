@@ -1,12 +1,72 @@
 from __future__ import annotations
 
+import ast
 import math
+import re
 
+from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 
 _LOSSES = {"cross_entropy", "CrossEntropyLoss", "log_softmax", "LogSoftmax", "nll_loss"}
+_INVERSE = re.compile(r"logit_scale|inv_temp|inverse_temp", re.I)  # an inverse temperature: multiplies
+_MATMUL_CALLS = ("matmul", "mm", "bmm", "einsum", "cosine_similarity")
+
+
+def _name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("exp", "clamp", "clamp_max", "clip"):
+        node = node.func.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _similarity(node: ast.AST) -> bool:
+    """A matrix product of features: ``a @ b.t()``, ``torch.matmul``, ``einsum``."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
+            return True
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in _MATMUL_CALLS:
+                return True
+    return False
+
+
+
+def _left_of(text: str) -> ast.AST:
+    node = ast.parse(text, mode="eval").body
+    return node.left if isinstance(node, ast.BinOp) else node
+
+
+def logit_scale_divisions(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """``[(line, the expression, the divisor)]`` for similarity logits (a matrix product of
+    features) divided by a learned logit scale (CLIP's ``logit_scale.exp()``, an inverse
+    temperature meant to multiply), directly or through a name the scope binds once."""
+    found = []
+    for scope in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        bound: dict[str, list] = {}
+        for node in scope_walk(scope):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                bound.setdefault(node.targets[0].id, []).append(node.value)
+        for node in scope_walk(scope):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _similarity(node.left)):
+                continue
+            name = _name(node.right)
+            if name is None:
+                continue
+            origin = bound.get(name, [None])
+            origin_name = _name(origin[0]) if len(origin) == 1 and origin[0] is not None else None
+            if any(_INVERSE.search(n) for n in (name, origin_name) if n is not None):
+                found.append((node.lineno, ast.unparse(node), ast.unparse(node.right)))
+    return sorted(set(found))
+
+
 
 
 def temperature_line(a, path: str, factor: float) -> tuple[int, str, str] | None:
@@ -67,6 +127,12 @@ class ContrastiveTemperatureMultiplied(Rule):
     feeding a product, not a loss's log_softmax: `attention-scores-misscaled`'s business).
     Not looked at: similarities from `F.cosine_similarity` (no matrix product); a normalised
     parameter as one side (a cosine classifier's weight).
+
+    The learned form's inverse is found in the source too: similarity logits (a matrix product
+    of features) divided by a learned logit scale (`image_features @ text_features.t() /
+    logit_scale` with `logit_scale = self.logit_scale.exp()`), which is an inverse temperature
+    meant to multiply them; it points at the division. Attention's `q @ k.T / self.scale` (a
+    scale not named for logits) stays silent.
     """
 
     code = "GD163"
@@ -101,3 +167,18 @@ class ContrastiveTemperatureMultiplied(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"factor": factor, "shape": shape, "params": pids[:16]},
                 fix=fix)
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, text, divisor in logit_scale_divisions(tree):
+                yield self.finding(
+                    f"`{text}` divides the similarities by `{divisor}`, a learned logit scale (an "
+                    f"inverse temperature, e^2.66 ≈ 14 at CLIP's start) meant to multiply them: "
+                    f"the logits shrink instead of sharpening, the softmax over the batch is "
+                    f"nearly uniform and the contrastive gradient is weak",
+                    Location(path, line), evidence={"expression": text, "divisor": divisor,
+                                                    "how": "logit scale divides"},
+                    fix=f"multiply by the logit scale: `{divisor} * {ast.unparse(_left_of(text))}`")

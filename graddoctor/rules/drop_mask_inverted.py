@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -242,6 +243,116 @@ def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
     return sorted(found)
 
 
+_KEEP_DRAWS = ("bernoulli", "bernoulli_")
+# a rate named for what it drops: drop path's `drop_prob`, `drop_rate`, `p_drop`, `dropout`
+_DROP_RATE_WORDS = ("drop",)
+
+
+def _drop_named(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _DROP_RATE_WORDS) and "keep" not in lowered
+
+
+def _bound_once(scope: ast.AST) -> dict[str, list]:
+    bound: dict[str, list] = {}
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for arg in scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs:
+            bound.setdefault(arg.arg, []).append(None)
+    for node in scope_walk(scope):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound.setdefault(target.id, []).append(node)
+                else:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            bound.setdefault(name.id, []).append(None)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
+            for name in ast.walk(node.target):
+                if isinstance(name, ast.Name):
+                    bound.setdefault(name.id, []).append(None)
+    return bound
+
+
+def _keep_probability(call: ast.Call) -> ast.AST | None:
+    """The probability of keeping a draw's ones: ``x.new_empty(s).bernoulli_(p)``,
+    ``torch.bernoulli(torch.full(s, p))``, ``torch.bernoulli(p * torch.ones(s))``."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name == "bernoulli_":
+        arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "p"), None)
+        return arg
+    if name == "bernoulli" and call.args:
+        arg = call.args[0]
+        if isinstance(arg, ast.Call):
+            inner = arg.func.attr if isinstance(arg.func, ast.Attribute) else \
+                arg.func.id if isinstance(arg.func, ast.Name) else ""
+            if inner in ("full", "full_like", "new_full") and len(arg.args) >= 2:
+                return arg.args[1]
+        if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mult):
+            for side in (arg.left, arg.right):
+                if isinstance(side, ast.Name):
+                    return side
+        return arg if isinstance(arg, ast.Name) else None
+    return None
+
+
+def kept_at_drop_rate(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``[(line, the text, the rate's name, the mask's name)]`` for each Bernoulli mask (drop
+    path, dropout by hand) that keeps its ones with a probability that is the drop rate itself:
+    drawn with ``bernoulli_(drop_prob)``, or with a keep probability assigned the drop rate as
+    it is (``keep_prob = drop_prob``), while the mask multiplies the kept values in. The line
+    is the keep probability's assignment where there is one, else the draw."""
+    found = []
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        bound = _bound_once(scope)
+        for node in scope_walk(scope):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)):
+                continue
+            value = node.value
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                    and value.func.attr in ("to", "float", "type_as", "div_", "div"):
+                value = value.func.value
+            if not isinstance(value, ast.Call):
+                continue
+            prob = _keep_probability(value)
+            if not isinstance(prob, ast.Name):
+                continue
+            mask = node.targets[0].id
+            line, rate = None, None
+            if _drop_named(prob.id):
+                line, rate, text = node.lineno, prob.id, ast.unparse(node)
+            else:
+                sites = bound.get(prob.id, [])
+                source = sites[0].value if len(sites) == 1 and sites[0] is not None else None
+                source_name = source.id if isinstance(source, ast.Name) else \
+                    source.attr if isinstance(source, ast.Attribute) else None
+                if source_name is not None and _drop_named(source_name):
+                    line, rate, text = sites[0].lineno, ast.unparse(source), ast.unparse(sites[0])
+            if line is None:
+                continue
+            keeps = drops = False
+            for use in scope_walk(scope):
+                if isinstance(use, ast.BinOp) and isinstance(use.op, ast.Mult):
+                    for operand in (use.left, use.right):
+                        if _mask_name(operand) == mask:
+                            keeps = True
+                        elif _negated(operand, mask):
+                            drops = True
+                elif isinstance(use, ast.Call) and isinstance(use.func, ast.Attribute) \
+                        and use.func.attr in ("masked_fill", "masked_fill_", "where"):
+                    if any(_mask_name(arg) == mask for arg in use.args):
+                        drops = True
+                elif isinstance(use, ast.Assign) and isinstance(use.targets[0], ast.Subscript) \
+                        and _mask_name(use.targets[0].slice) == mask:
+                    drops = True
+            if keeps and not drops:
+                found.append((line, text, rate, mask))
+    return sorted(set(found))
+
+
 class DropMaskInverted(Rule):
     """
     ## What it does
@@ -279,7 +390,13 @@ class DropMaskInverted(Rule):
     torch.rand(...) < 0.3`: the share kept); a rate written at one half or above (word dropout at 0.75:
     meant); a rate the source does not bind to one number (an argument of the command line, a
     value assigned twice); a mask whose use says neither drop nor keep, or both. Not seen: masks
-    from a helper function (lucidrains' `prob_mask_like(shape, prob)`) or `torch.bernoulli`.
+    from a helper function (lucidrains' `prob_mask_like(shape, prob)`).
+
+    The same inversion drawn with `torch.bernoulli`/`bernoulli_` is found too: drop path's (or a
+    hand-written dropout's) keep mask drawn with the drop rate itself as its probability
+    (`bernoulli_(drop_prob)`, or `keep_prob = drop_prob` without the `1 -`), a mask the script
+    multiplies in; timm's `keep_prob = 1 - drop_prob`, and a mask drawn at the drop rate that the
+    script complements or fills with (a drop mask) stay silent.
     """
 
     code = "GD321"
@@ -309,3 +426,13 @@ class DropMaskInverted(Rule):
                                                     "rate": written, "role": role},
                     fix=f"turn the comparison around so that {round(100 * written)}% of the rows "
                         f"are dropped ({'rand < rate for a drop mask' if role == 'drop' else 'rand > rate for a keep mask'})")
+            for line, text, rate, mask in kept_at_drop_rate(tree):
+                yield self.finding(
+                    f"`{text}`: the Bernoulli mask `{mask}` keeps its ones with probability "
+                    f"`{rate}`, the drop rate itself, and the script multiplies the kept values by "
+                    f"it: a share `{rate}` of the rows (residual branches, units) is kept and "
+                    f"`1 - {rate}` dropped, and the survivors are scaled up by its inverse",
+                    Location(path, line), evidence={"mask": mask, "statement": text, "rate": rate,
+                                                    "role": "keep"},
+                    fix=f"draw the mask with the keep probability 1 - {rate} "
+                        f"(keep_prob = 1 - {rate}; mask.bernoulli_(keep_prob))")

@@ -30,7 +30,10 @@ class MaskedTargetVisible(Rule):
     out are the ones the model does not see (replaced, zeroed, dropped before the encoder, or a
     mask channel tells it where they are). It points at the line to change: where the input is
     built with `torch.where(mask, tokens, MASK)` (its branches swapped) or
-    `tokens.masked_fill(~mask, MASK)` from the mask the loss counts with, that statement.
+    `tokens.masked_fill(~mask, MASK)` from the mask the loss counts with, that statement. A loss
+    that comes out of a method of the model (an MAE's `forward_loss`) is pointed at the file's
+    one masked reduction that inverts a mask (`(loss * (1 - mask)).sum() / (1 - mask).sum()`),
+    where there is one.
 
     ## Why is this bad?
     The answer is in the input: the model learns to copy what it is given, the loss falls
@@ -164,6 +167,14 @@ class MaskedTargetVisible(Rule):
             return Location(loc.path, line_w, ""), (
                 f"write the mask the other way round: `{text_w}` marks the positions the "
                 f"model sees, but the loss needs 1 where the input was hidden")
+        if not written:
+            # the loss comes out of a call (an MAE's `forward_loss`): the one masked reduction
+            # of the file that inverts a mask is where the counted positions are chosen
+            reductions = _inverted_reductions(a, loc.path)
+            if len(reductions) == 1:
+                return Location(loc.path, reductions[0][0], ""), (
+                    "drop the inversion: count the positions the input hides (`mask`, not "
+                    "`~mask` or `1 - mask`)")
         return at, self.fix
 
 
@@ -209,6 +220,21 @@ def _mask_names(text: str) -> list[str]:
     names += re.findall(r"\[\s*~?\s*([A-Za-z_][A-Za-z_0-9]*)\s*\]", text)
     names += re.findall(r"(?:masked_fill|where)\(\s*~?\s*([A-Za-z_][A-Za-z_0-9]*)", text)
     return [n for n in dict.fromkeys(names) if n not in ("torch", "F")]
+
+
+_INVERTED_MASK = re.compile(r"\*\s*\(?\s*(?:~\s*|1\.?0?\s*-\s*)[A-Za-z_.]*mask|"
+                            r"[A-Za-z_.]*mask[A-Za-z_]*\.logical_not\(\)", re.I)
+
+
+def _inverted_reductions(a, path: str) -> list[tuple[int, str]]:
+    """The statements of the script that weigh values by an inverted mask and reduce them
+    (`(loss * (1 - mask)).sum() / (1 - mask).sum()`, `(err * ~mask).mean()`)."""
+    found = []
+    for number, line in enumerate(a.source.lines(path), 1):
+        text = line.split("#")[0]
+        if "=" in text and _INVERTED_MASK.search(text) and re.search(r"\.(sum|mean)\(", text):
+            found.append((number, text.strip()))
+    return found
 
 
 def _position_writes(a, path: str, names: list[str]) -> list[tuple[int, str]]:

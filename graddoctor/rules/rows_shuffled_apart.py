@@ -149,6 +149,56 @@ def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     return sorted(set(found))
 
 
+def _is_draw(node: ast.AST | None) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in _DRAWS
+
+
+def _paired_call(node: ast.Call) -> bool:
+    """A call that pairs its arguments row by row: a dataset's construction (``TensorDataset``,
+    a class named ``...Dataset``) or ``zip``."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name == "zip" or name.endswith("Dataset")
+
+
+def fields_permuted_apart(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``[(line, the call, the argument taken in a random order, an argument left in its
+    order)]`` for each dataset construction (or ``zip``) pairing arrays row by row where one
+    argument is indexed by a random permutation (inline, or a name the scope binds once to
+    one) and another is passed in its own order."""
+    found = []
+    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        bound: dict[str, list] = {}
+        for node in _scope_walk(scope):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            bound.setdefault(name.id, []).append(node.value if target is name else None)
+        for node in _scope_walk(scope):
+            if not (isinstance(node, ast.Call) and _paired_call(node) and len(node.args) >= 2):
+                continue
+            orders, plain = {}, []
+            for arg in node.args:
+                if isinstance(arg, ast.Subscript):
+                    index = arg.slice
+                    drawn = _is_draw(index) or isinstance(index, ast.Name) \
+                        and len(bound.get(index.id, [])) == 1 and _is_draw(bound[index.id][0])
+                    if drawn:
+                        orders[ast.unparse(arg)] = ast.unparse(index)
+                        continue
+                if isinstance(arg, (ast.Name, ast.Attribute)):
+                    plain.append(ast.unparse(arg))
+            if len(set(orders.values())) == 1 and plain:
+                shuffled = next(iter(orders))
+                found.append((node.lineno, ast.unparse(node), shuffled, plain[0]))
+    return sorted(set(found))
+
+
 class RowsShuffledApart(Rule):
     """
     ## What it does
@@ -190,7 +240,9 @@ class RowsShuffledApart(Rule):
     dataset; a mixup or CutMix `randperm` of the batch that reorders inputs and labels
     together; orders of different lengths (a batch's and the dataset's), or drawn in
     libraries' code (a DataLoader's sampler); an order drawn once and a second one drawn after
-    a backward (not the same pairing). Not told apart: a `numpy.random.Generator`'s
+    a backward (not the same pairing). A dataset's construction (`TensorDataset(x, y[perm])`,
+    `zip`) given one field indexed by a random permutation and another in its own order is
+    reported too, at the construction. Not told apart: a `numpy.random.Generator`'s
     `permutation` (its methods cannot be watched), orders drawn in a helper that returns them.
     """
 
@@ -252,3 +304,11 @@ class RowsShuffledApart(Rule):
                     evidence={"kind": "one order", "shuffled": array, "index": index,
                               "unshuffled": other, "slice": piece},
                     fix=f"index both with the same rows: `{other}[{index}]`")
+            for line, call, shuffled, other in fields_permuted_apart(tree):
+                yield self.finding(
+                    f"`{call}` pairs `{shuffled}`, taken in a random order, with `{other}` in its "
+                    f"own order: row i of one no longer belongs to the sample of row i of the other, "
+                    f"so every pair the dataset serves is an input with another sample's target",
+                    Location(path, line),
+                    evidence={"kind": "fields", "shuffled": shuffled, "unshuffled": other, "call": call},
+                    fix="index every field with the same permutation, or none of them")
