@@ -515,9 +515,9 @@ def _reward_kl(stmt: ast.stmt, bound: dict) -> str | None:
     leaves = _kl_leaves(value, bound, 0, 1)
     if leaves is None:
         return None
-    policy = {s for s, kind in leaves if kind == "policy"}
-    reference = {s for s, kind in leaves if kind == "ref"}
-    named = {s for s, kind in leaves if kind == "kl"}
+    policy = {s for s, role in leaves if role == "policy"}
+    reference = {s for s, role in leaves if role == "ref"}
+    named = {s for s, role in leaves if role == "kl"}
     if named == {1} or (policy == {1} and reference == {-1}):
         return ast.unparse(stmt.value)
     return None
@@ -537,16 +537,16 @@ def _kl_leaves(node: ast.AST, bound: dict, depth: int, sign: int) -> list | None
         for carrying, other in ((node.left, node.right), (node.right, node.left)):
             if isinstance(other, ast.Constant) and isinstance(other.value, (int, float)):
                 return _kl_leaves(carrying, bound, depth, sign if other.value >= 0 else -sign)
-        kinds = [_kl_leaves(s, bound, depth, 1) for s in (node.left, node.right)]
-        if any(k is None for k in kinds):
+        roles = [_kl_leaves(s, bound, depth, 1) for s in (node.left, node.right)]
+        if any(k is None for k in roles):
             return None
-        carrying = [i for i, k in enumerate(kinds) if any(kind for _, kind in k)]
+        carrying = [i for i, k in enumerate(roles) if any(role for _, role in k)]
         if len(carrying) != 1:
             return None if carrying else [(sign, None)]
         other = (node.left, node.right)[1 - carrying[0]]
         if isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub):
             sign = -sign
-        return [(sign * s, kind) for s, kind in kinds[carrying[0]]]
+        return [(sign * s, role) for s, role in roles[carrying[0]]]
     words = set(_words(node))
     if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
         if words & _COEFFICIENT:
