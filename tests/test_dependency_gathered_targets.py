@@ -17,8 +17,9 @@ def test_the_index_of_a_gather_over_log_probabilities_is_a_target():
     loss = -_logits().log_softmax(-1).gather(2, ids.unsqueeze(-1)).sum()
     found = _gathered_targets([loss], 8)
     assert len(found) == 1
-    index, fn, ignore, loc = found[0]
+    index, fn, ignore, loc, logits = found[0]
     assert fn == "gather" and ignore == -100 and loc is None
+    assert logits is not None and "AccumulateGrad" in logits.name()  # the logits' node (a leaf here)
     assert torch.equal(index, ids)
 
 

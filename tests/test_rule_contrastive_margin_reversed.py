@@ -36,3 +36,60 @@ def test_terms_bound_to_names_are_read_through_their_binding():
     assert found(right) == []
     rebound = src.replace("    return", "    neg = (1 - same) * F.relu(m - d).pow(2)\n    return")
     assert found(rebound) == []  # the sum reads the last binding
+
+
+from graddoctor.rules.contrastive_margin_reversed import reversed_preferences
+
+
+def preferences(src: str):
+    return reversed_preferences(ast.parse(src))
+
+
+def test_a_preference_loss_raising_the_rejected_side_is_found():
+    assert preferences("loss = -F.logsigmoid(r_rejected - r_chosen).mean()\n") == [
+        (1, "F.logsigmoid(r_rejected - r_chosen)", "chosen")]
+    assert len(preferences("loss = F.softplus(r_w - r_l).mean()\n")) == 1
+    assert len(preferences("loss = F.relu(margin - loser_score + winner_score).mean()\n")) == 1
+    assert len(preferences("loss = -torch.log(torch.sigmoid(bad - good)).mean()\n")) == 1
+
+
+def test_dpo_log_ratios_are_read_through_their_bindings_the_reference_left_out():
+    src = ("def dpo_loss(pc, pr, rc, rr):\n"
+           "    pi_logratios = policy_rejected_logps - policy_chosen_logps\n"
+           "    ref_logratios = reference_rejected_logps - reference_chosen_logps\n"
+           "    logits = pi_logratios - ref_logratios\n"
+           "    losses = -F.logsigmoid(beta * logits)\n"
+           "    return losses.mean()\n")
+    (line, _, side), = preferences(src)
+    assert line == 2 and side == "chosen"
+    right = src.replace("policy_rejected_logps - policy_chosen_logps",
+                        "policy_chosen_logps - policy_rejected_logps").replace(
+        "reference_rejected_logps - reference_chosen_logps",
+        "reference_chosen_logps - reference_rejected_logps")
+    assert preferences(right) == []
+    ipo = "logits = rejected_logratios - chosen_logratios\nloss = ((logits - 1 / (2 * beta)) ** 2).mean()\n"
+    assert [f[0] for f in preferences(ipo)] == [1]
+    assert preferences(ipo.replace("rejected_logratios - chosen_logratios",
+                                   "chosen_logratios - rejected_logratios")) == []
+
+
+def test_silent_on_right_preferences_pos_neg_distances_and_values_not_minimised():
+    for src in ("loss = -F.logsigmoid(r_chosen - r_rejected).mean()\n",
+                "loss = F.softplus(r_rejected - r_chosen).mean()\n",
+                "loss = F.logsigmoid(r_rejected - r_chosen).mean()\n",
+                "loss = F.relu(d_pos - d_neg + margin).mean()\n",  # a triplet's distances
+                "loss = -F.logsigmoid(pos_score - neg_score).mean()\n",
+                "acc = -F.logsigmoid(r_rejected - r_chosen).mean()\n",  # not a loss
+                "chosen_rewards = beta * (policy_chosen_logps - reference_chosen_logps)\n"):
+        assert preferences(src) == [], src
+
+
+def test_a_kl_penalty_added_to_a_reward_is_found():
+    assert preferences("rewards = score + kl_coef * kl\n") == [(1, "score + kl_coef * kl", "kl")]
+    assert len(preferences("rewards = -KL_COEF * (ref_logps - old_logps)\n")) == 1
+    assert len(preferences("reward += beta * (logp - ref_logp)\n")) == 1
+    for src in ("rewards = score - kl_coef * kl\n",
+                "rewards = -KL_COEF * (old_logps - ref_logps)\n",
+                "loss = pg_loss + beta * kl\n",
+                "reward -= beta * (logp - ref_logp)\n"):
+        assert preferences(src) == [], src

@@ -50,7 +50,10 @@ How, and what it costs:
 * The sequence axis: the targets of the loss calls since the last backward (``cross_entropy``,
   ``nll_loss``) against the ids of the forward's embeddings: a shift ``k`` in {1, 0, -1, 2} that
   matches at least 90 % of the positions the loss does not ignore, ids not constant, the output
-  laid out ``(batch, positions, ...)`` like those ids. The probed position ``t = (T - 1) // 2``
+  laid out ``(batch, positions, ...)`` like those ids. A loss position is compared at the
+  model position its logits come from: the slices, ``narrow``s, integer indexing and transposes
+  between the model's output and the loss's input are followed (``_loss_positions``: a prompt
+  left out, ``model(x)[:, P - 1:]``, is not a second shift). The probed position ``t = (T - 1) // 2``
   tells whether the output there depends on later positions and on earlier ones.
 * Skipped, silently: anything not on the CPU; a DDP/FSDP/DataParallel model or a process group;
   a compiled model or submodule; a graph with a Python ``autograd.Function`` node (custom
@@ -86,7 +89,7 @@ from ..trace import Location
 from .patcher import check_hook
 from .inlinable import in_transform, watched
 from . import seqcopy
-from .graphpaths import paths_to, post_order, saved, saved_dims
+from .graphpaths import paths_to, post_order, saved, saved_dims, signed
 from .recorder import Recorder
 
 _GRAD = torch.autograd.grad  # torch's own (the functional-grad watcher wraps the attribute)
@@ -213,7 +216,8 @@ class DependencyWatcher:
         self._pending: list[_Forward] = []
         self._done: dict[int, object] = {}  # id(model) -> the model (weakly: see _seen)
         self._locate: dict[int, tuple] = {}  # id(model) -> (op, index) to locate at its next forward
-        self._targets: list[tuple] = []  # (target, fn, ignore_index, Location) since the last backward
+        # (target, fn, ignore_index, Location, the loss input's node) since the last backward
+        self._targets: list[tuple] = []
         self._hooked = False  # a tensor hook or retain_grad since the last backward
         self._probes = 0
         self._forwards = 0
@@ -386,8 +390,9 @@ class DependencyWatcher:
                 target = args[1] if len(args) > 1 else kwargs.get("target")
                 if isinstance(target, torch.Tensor) and target.dim() and len(watcher._targets) < _TARGETS:
                     ignore = kwargs.get("ignore_index", args[4] if len(args) > 4 and fn in _TOKEN_LOSSES else -100)
+                    given = args[0] if args else kwargs.get("input")
                     watcher._targets.append((target, fn, ignore if isinstance(ignore, int) else -100,
-                                             watcher.rec.here()))
+                                             watcher.rec.here(), getattr(given, "grad_fn", None)))
             except Exception as exc:
                 watcher.rec.internal_error(f"F.{fn}", exc)
 
@@ -451,7 +456,7 @@ class DependencyWatcher:
         if size == B:
             return "loader"
         first = forward.inputs[0]
-        for target, _, _, _ in targets:
+        for target, _, _, _, _ in targets:
             if int(target.shape[0]) != B:
                 continue
             if target.dim() >= 2 and first.dim() >= 2 and tuple(target.shape[:2]) == tuple(first.shape[:2]):
@@ -563,7 +568,7 @@ class DependencyWatcher:
         if not lines:
             return
         chosen = None
-        for target, fn, _, loc in reversed(targets):
+        for target, fn, _, loc, _ in reversed(targets):
             if fn not in seqcopy.REGRESSION or target.device.type != "cpu" \
                     or target.numel() != out.numel():
                 continue
@@ -662,14 +667,16 @@ class DependencyWatcher:
             flat = ids.reshape(-1)
             if bool((flat == flat[0]).all()):
                 continue
-            for target, fn, ignore, loc in reversed(targets):
+            for target, fn, ignore, loc, given in reversed(targets):
                 if (fn not in _TOKEN_LOSSES and fn != _GATHERED) or target.is_floating_point() \
                         or target.numel() % B:
                     continue
                 length = target.numel() // B
-                if length not in (T, T - 1, T - 2):
+                positions = _loss_positions(given, out)
+                if positions is _UNREAD or (positions is None and length not in (T, T - 1, T - 2)) \
+                        or (positions is not None and len(positions) != length):
                     continue
-                k = _shift(ids, target.reshape(B, length), ignore)
+                k = _shift(ids, target.reshape(B, length), ignore, positions)
                 if k is not None and (found is None or (k == 1 and found["k"] != 1)):
                     # a next-token loss beside one of another shift (a multi-token head) is the
                     # model's main target
@@ -1035,7 +1042,7 @@ def _rows_compared(tensors, out) -> bool:
 
 
 def _gathered_targets(tensors, room: int) -> list[tuple]:
-    """``(index, "gather", -100, None)`` for each gather over a ``log_softmax``'s output along
+    """``(index, "gather", -100, None, logits' node)`` for each gather over a ``log_softmax``'s output along
     its last dimension in the graph of the loss (a hand-written log-likelihood: the index holds
     the tokens whose log-probabilities are summed), its trailing size-1 dimension dropped; CPU
     indices only. The index is a saved value of the node, read without unpacking one saved
@@ -1059,8 +1066,121 @@ def _gathered_targets(tensors, room: int) -> list[tuple]:
                 continue
             if index.shape[-1] == 1:
                 index = index.squeeze(-1)
-            found.append((index, _GATHERED, -100, None))
+            found.append((index, _GATHERED, -100, None, source.next_functions[0][0]
+                          if source.next_functions else None))
     return found
+
+
+_UNREAD = object()  # the loss reads the model's positions through an op the walk cannot follow
+_CHAIN = 64  # nodes walked at most from a loss's input down to the model's output
+_RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "ExpandBackward",
+             "UnsqueezeBackward", "SqueezeBackward", "FlattenBackward", "UnflattenBackward",
+             "AsStridedBackward", "SplitBackward", "UnbindBackward", "ChunkBackward",
+             "DiagonalBackward", "UnfoldBackward", "CatBackward", "StackBackward")
+
+
+def _loss_positions(given, out):
+    """Which of the model's output positions (dim 1 of ``out``) each position of the loss's
+    input reads, when the loss's input is made from ``out`` through slices, ``narrow``s and
+    integer indexing of the positions (``model(x)[:, P - 1:]``, ``[:, -K:]``, ``[:, ::2]``),
+    transposes and ops that keep the layout (log_softmax, a temperature, a copy, a flattening
+    view after them): the list of positions. None when the loss's input is not made from
+    ``out`` (or ``given`` holds no graph): position ``j`` is read as ``j``. ``_UNREAD`` when
+    the way down holds an op that moves the positions in a way not followed (a view before a
+    slice, a select of one position, two ways that disagree)."""
+    target = getattr(out, "grad_fn", None)
+    if given is None or target is None:
+        return None
+    if given is target:
+        return list(range(int(out.shape[1])))
+    relevant = paths_to(given, lambda node: node is target, _NODES)
+    if not relevant or given not in relevant:
+        return None
+    chains: list = []  # each way from the loss's input down to the model's output, node by node
+    stack, visits = [(given, ())], 0
+    while stack:
+        node, way = stack.pop()
+        visits += 1
+        if node is target:
+            chains.append(way)
+            continue
+        if len(way) >= _CHAIN or len(chains) > 4 or visits > 16 * _CHAIN:
+            return _UNREAD
+        for i in relevant.get(node, ()):
+            stack.append((node.next_functions[i][0], way + (node,)))
+    found = None
+    for way in chains:
+        positions = _read_positions(reversed(way), out)
+        if positions is _UNREAD or (found is not None and positions != found):
+            return _UNREAD
+        found = positions
+    return found if found is not None else _UNREAD
+
+
+def _read_positions(way, out):
+    """The positions of ``out`` (dim 1) the end of ``way`` (nodes from the model's output up)
+    reads, or ``_UNREAD``."""
+    B, dims = int(out.shape[0]), out.dim()
+    positions = list(range(int(out.shape[1])))
+    axis = 1  # where the positions lie; ``dims`` None once a view reshaped the tensor
+    for node in way:
+        name = node.name()
+        if name.startswith("SliceBackward") or name.startswith("IndexBackward") \
+                or name.startswith("SelectBackward"):
+            sizes = saved(node, "_saved_self_sym_sizes")
+            if dims is None or not isinstance(sizes, tuple) or len(sizes) != dims \
+                    or int(sizes[0]) != B or int(sizes[axis]) != len(positions):
+                return _UNREAD
+            if name.startswith("IndexBackward"):
+                indices = saved(node, "_saved_indices")
+                if not isinstance(indices, (tuple, list)):
+                    return _UNREAD
+                picks = [(d, i) for d, i in enumerate(indices) if i is not None]
+                if len(picks) != 1 or picks[0][0] != axis or not isinstance(picks[0][1], torch.Tensor) \
+                        or picks[0][1].dim() != 1 or picks[0][1].is_floating_point() \
+                        or picks[0][1].dtype == torch.bool:
+                    return _UNREAD if any(d <= axis for d, _ in picks) else positions
+                positions = [positions[int(i)] for i in picks[0][1].tolist()]
+                continue
+            dim = saved_dims(node)
+            if not isinstance(dim, int):
+                return _UNREAD
+            dim %= dims
+            if name.startswith("SelectBackward"):
+                if dim <= axis:
+                    return _UNREAD
+                dims -= 1
+                continue
+            if dim == 0:
+                return _UNREAD
+            if dim == axis:
+                start, end, step = (saved(node, n) for n in ("_saved_start", "_saved_end", "_saved_step"))
+                if not all(isinstance(v, int) for v in (start, end, step)) or signed(step) < 1:
+                    return _UNREAD
+                positions = positions[signed(start):signed(end):signed(step)]
+            continue
+        if name.startswith("TransposeBackward") or name.startswith("PermuteBackward"):
+            if dims is None:
+                return _UNREAD
+            if name.startswith("TransposeBackward"):
+                pair = (saved_dims(node, "_saved_dim0"), saved_dims(node, "_saved_dim1"))
+                if not all(isinstance(d, int) for d in pair):
+                    return _UNREAD
+                a, b = (d % dims for d in pair)
+                order = list(range(dims))
+                order[a], order[b] = order[b], order[a]
+            else:
+                order = saved_dims(node, "_saved_dims")
+                if not isinstance(order, tuple) or len(order) != dims:
+                    return _UNREAD
+                order = [d % dims for d in order]
+            if order[0] != 0:
+                return _UNREAD
+            axis = order.index(axis)
+            continue
+        if name.startswith(_RESHAPES):
+            dims = None  # a slice after it is not read
+    return positions
 
 
 def _rows_kept(grad, r: int) -> bool:
@@ -1077,18 +1197,20 @@ def _rows_kept(grad, r: int) -> bool:
         return bool(rest.numel() == 0 or float(rest.max()) <= top * _TINY)
 
 
-def _shift(ids, target, ignore: int) -> int | None:
-    """k in (1, 0, -1, 2) with ``target[:, j] == ids[:, j + k]`` at >= 90 % of the positions
-    the loss does not ignore (2: targets shifted twice, once by the script and once by a loss
-    that shifts them itself); None when none fits."""
+def _shift(ids, target, ignore: int, positions: list | None = None) -> int | None:
+    """k in (1, 0, -1, 2) with ``target[:, j] == ids[:, p[j] + k]`` at >= 90 % of the positions
+    the loss does not ignore, ``p[j]`` the model's output position the loss's position ``j``
+    reads (``positions``; ``j`` itself when None) (2: targets shifted twice, once by the script
+    and once by a loss that shifts them itself); None when none fits."""
     T, length = int(ids.shape[1]), int(target.shape[1])
+    at = torch.tensor(positions if positions is not None else range(length), dtype=torch.long)
     best = None
     for k in (1, 0, -1, 2):
-        lo, hi = max(0, -k), min(length, T - k)
-        if hi - lo < 1:
+        inside = ((at + k) >= 0) & ((at + k) < T)
+        if not bool(inside.any()):
             continue
-        t = target[:, lo:hi]
-        i = ids[:, lo + k:hi + k]
+        t = target[:, inside]
+        i = ids[:, at[inside] + k]
         keep = t != ignore
         count = int(keep.sum())
         if count < _MIN_POSITIONS:
