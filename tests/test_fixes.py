@@ -41,6 +41,8 @@ BAD = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**", "bad_*.py"), recu
 
 # findings of these fixtures get no edit, and say why or are left to a person:
 NO_EDIT = {
+    # which optimizer of which phase should own the left-out head, at which lr, is a person's call
+    "bad_lightning_second_fit_head_left_out.py", "bad_head_left_out_after_pretraining.py",
     # which name is the row grid is read from the source; renaming the script's grids is a person's call
     "bad_meshgrid_axes_swapped_point_centres.py", "bad_meshgrid_axes_swapped_numpy_heatmap.py",
     # which comparison keeps the confident rows is read from the source; the flip is a person's
