@@ -28,3 +28,11 @@ def test_distinct_slots_updates_and_reads_between_are_silent():
 def test_branches_and_moving_indices_are_silent():
     assert _found("if p:\n    y[-1] = y[0]\nelse:\n    y[-1] = 0.0\n") == []
     assert _found("for j in r:\n    y[i] = a\n    i = i + 1\n    y[i] = b\n") == []
+
+
+def test_an_index_moved_between_the_writes_is_another_slice_but_one_moved_after_is_not():
+    from graddoctor.rules.slice_overwritten import overwritten_slices
+    moved = ast.parse("out[k] = a\nk += 1\nout[k] = b\n")
+    assert overwritten_slices(moved) == []
+    after = ast.parse("m1, m2 = self.m1, self.m2\nout[:, :m1, :m2] = a\nout[:, :m1, :m2] = b\nk += 1\n")
+    assert overwritten_slices(after) == [(3, "out[:, :m1, :m2]", 2)]

@@ -46,12 +46,14 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
                     for key in [k for k, (_, b) in last.items()
                                 if _mentions(stmt.value, b) or _mentions(target.slice, b)]:
                         del last[key]
-                    indexed_by = {n.id for n in ast.walk(target.slice) if isinstance(n, ast.Name)}
-                    if base is not None and not indexed_by & _changed_names(block):
+                    if base is not None:
                         last[text] = (stmt.lineno, base)
                     continue
-                # any other statement: forget the writes of every tensor it mentions
-                for key in [k for k, (_, b) in last.items() if _mentions(stmt, b)]:
+                # any other statement: forget the writes of every tensor it mentions, and those
+                # whose index it moves (``k += 1`` between ``out[k] = a`` and ``out[k] = b``)
+                stored = _stored_names(stmt)
+                for key in [k for k, (_, b) in last.items() if _mentions(stmt, b)
+                            or stored & _index_names(k)]:
                     del last[key]
                 if not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr,
                                          ast.Pass)):
@@ -65,14 +67,19 @@ def _has_call(stmt: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) for n in ast.walk(stmt))
 
 
-def _changed_names(block) -> set[str]:
-    """Names the block assigns as a whole (an index that moves between two writes)."""
-    names = set()
-    for stmt in block:
-        for n in ast.walk(stmt):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                names.add(n.id)
-    return names
+def _stored_names(stmt: ast.AST) -> set[str]:
+    """Names a statement assigns as a whole."""
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _index_names(target_text: str) -> set[str]:
+    """The names a pending write's index reads (``out[:, k:k + m]`` -> {k, m})."""
+    try:
+        node = ast.parse(target_text, mode="eval").body
+    except SyntaxError:
+        return set()
+    index = node.slice if isinstance(node, ast.Subscript) else node
+    return {n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
 
 
 class SliceOverwritten(Rule):
