@@ -247,7 +247,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Updates to replay (0 = run to the end); the optimizer steps after one backward count "
            "once. A DataLoader-driven script goes on until its third epoch has begun (two epoch "
            "boundaries), at most 2 x epoch-batches + 1 steps, and every optimizer steps twice "
-           "(at most 8 x the budget).", field="steps", zero="run to the end", watch=0),
+           "(at most 8 x the budget). A later training phase of the script (a student after its "
+           "teacher, fine-tuning after pre-training) gets as many updates again.", field="steps", zero="run to the end", watch=0),
     Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
            "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
            "larger than and not divisible by the common accumulation factors, so epoch-end bugs "
