@@ -33,7 +33,8 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
             block = getattr(block_owner, field, None)
             if not isinstance(block, list):
                 continue
-            last: dict[str, tuple[int, str]] = {}  # target text -> (line, base)
+            # target text -> (line, base, the names its index reads)
+            last: dict[str, tuple[int, str, set[str]]] = {}
             for stmt in block:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
                         and isinstance(stmt.targets[0], ast.Subscript):
@@ -43,17 +44,18 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
                     if base is not None and text in last and not _mentions(stmt.value, base):
                         found.append((stmt.lineno, text, last[text][0]))
                     # whatever this statement reads or writes ends the pending writes it touches
-                    for key in [k for k, (_, b) in last.items()
+                    for key in [k for k, (_, b, _) in last.items()
                                 if _mentions(stmt.value, b) or _mentions(target.slice, b)]:
                         del last[key]
                     if base is not None:
-                        last[text] = (stmt.lineno, base)
+                        last[text] = (stmt.lineno, base, {n.id for n in ast.walk(target.slice)
+                                                          if isinstance(n, ast.Name)})
                     continue
                 # any other statement: forget the writes of every tensor it mentions, and those
                 # whose index it moves (``k += 1`` between ``out[k] = a`` and ``out[k] = b``)
                 stored = _stored_names(stmt)
-                for key in [k for k, (_, b) in last.items() if _mentions(stmt, b)
-                            or stored & _index_names(k)]:
+                for key in [k for k, (_, b, index) in last.items() if _mentions(stmt, b)
+                            or stored & index]:
                     del last[key]
                 if not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr,
                                          ast.Pass)):
@@ -70,16 +72,6 @@ def _has_call(stmt: ast.AST) -> bool:
 def _stored_names(stmt: ast.AST) -> set[str]:
     """Names a statement assigns as a whole."""
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-
-
-def _index_names(target_text: str) -> set[str]:
-    """The names a pending write's index reads (``out[:, k:k + m]`` -> {k, m})."""
-    try:
-        node = ast.parse(target_text, mode="eval").body
-    except SyntaxError:
-        return set()
-    index = node.slice if isinstance(node, ast.Subscript) else node
-    return {n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
 
 
 class SliceOverwritten(Rule):
