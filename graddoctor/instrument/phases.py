@@ -66,6 +66,7 @@ import torch
 
 from .. import events as ev
 from ..trace import Location
+from ..training_calls import CALL_DEPTH, block_of, functions_of, later_training_statements
 from .planned import _count, _evaluate, _loops_around, _tree, _Unknown, _unwrapped
 from .recorder import Recorder
 from .stop import StepBudget
@@ -74,7 +75,6 @@ from .topics import BUDGET_HOLD
 PHASE_UPDATES = 200  # the wait ends at this many updates in all
 PHASE_SECONDS = 60.0  # ... or this many seconds after the budget was reached
 _FRAMES = 8  # user frames on the step's stack whose loops are read
-_CALL_DEPTH = 2  # functions of the script followed from the training loop's body to an eval()
 _MISSING = object()
 
 
@@ -156,20 +156,16 @@ def _eval_calls(node) -> list[int]:
     return lines
 
 
-def _functions(tree) -> dict[str, ast.AST]:
-    return {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
 def _evaluation_site(loop, tree) -> int | None:
     """The line in the training loop's body that calls ``.eval()``, or calls a function of the
     script that does (two calls deep); None when there is none."""
-    functions = _functions(tree)
+    functions = functions_of(tree)
     direct = _eval_calls(loop)
     if direct:
         return min(direct)
     frontier = [(loop, None)]
     seen: set[str] = set()
-    for _ in range(_CALL_DEPTH):
+    for _ in range(CALL_DEPTH):
         nxt = []
         for node, site in frontier:
             for n in ast.walk(node):
@@ -227,57 +223,6 @@ def _stage_switch(loop, frame, updates: int):
     return None
 
 
-def _called_name(func) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
-
-
-def _block_of(tree, line: int) -> list | None:
-    """The statement list whose statement holds ``line``, innermost."""
-    node, found = tree, None
-    while True:
-        inner = None
-        for field in ("body", "orelse", "finalbody"):
-            stmts = getattr(node, field, None)
-            if not isinstance(stmts, list):
-                continue
-            for stmt in stmts:
-                if isinstance(stmt, ast.stmt) and stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
-                    found, inner = stmts, stmt
-                    break
-            if inner is not None:
-                break
-        if inner is None or inner.lineno == line or not isinstance(getattr(inner, "body", None), list):
-            return found  # a simple statement (or a compound one's header): its block
-        node = inner
-
-
-def _trains(node, functions: dict) -> bool:
-    """Whether ``node`` calls ``backward()`` (or a framework's training loop: ``trainer.fit()``,
-    ``trainer.train()``), or calls a function of the script that does (two calls deep)."""
-    frontier, seen = [node], set()
-    for depth in range(_CALL_DEPTH + 1):
-        nxt = []
-        for root in frontier:
-            for n in ast.walk(root):
-                if not isinstance(n, ast.Call):
-                    continue
-                if isinstance(n.func, ast.Attribute) and (
-                        n.func.attr == "backward" or n.func.attr == "fit"
-                        or (n.func.attr == "train" and isinstance(n.func.value, ast.Name)
-                            and "trainer" in n.func.value.id.lower())):
-                    return True  # a backward, Lightning's trainer.fit(), HF's trainer.train()
-                name = _called_name(n.func)
-                if depth < _CALL_DEPTH and name in functions and name not in seen:
-                    seen.add(name)
-                    nxt.append(functions[name])
-        frontier = nxt
-    return False
-
-
 def _later_phase(frames) -> tuple | None:
     """``(frame, line)`` of the first later statement that trains in the block of a script frame
     on the step's stack, innermost frame first: the statement after the one running (for a frame
@@ -290,18 +235,14 @@ def _later_phase(frames) -> tuple | None:
             return None
         loops = _loops_around(tree, frame.f_lineno)
         anchor = loops[0].lineno if loops else frame.f_lineno
-        body = _block_of(tree, anchor)
+        body = block_of(tree, anchor)
         if body:
             running = next((stmt for stmt in body
                             if stmt.lineno <= anchor <= (stmt.end_lineno or stmt.lineno)), None)
             end = (running.end_lineno or running.lineno) if running is not None else anchor
-            functions = _functions(tree)
-            for later in body:
-                if later.lineno <= end or isinstance(
-                        later, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    continue
-                if _trains(later, functions):
-                    return frame, later.lineno
+            later = later_training_statements(body, end, functions_of(tree))
+            if later:
+                return frame, later[0].lineno
         if frame.f_code.co_name == "<module>":
             break  # the script's own top level: the frames above it run the script
     return None

@@ -107,44 +107,30 @@ def functional_gradients(a: "Analysis") -> list[str]:
             f"backward() accumulates in .grad and the optimizer steps that apply them)"]
 
 
-def _backward_lines(node) -> list[int]:
-    """The lines of ``x.backward(...)`` / ``torch.autograd.backward(...)`` calls under ``node``."""
-    import ast
-
-    return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"]
-
-
 def later_phases(tree, seen: set[int]) -> list[int]:
-    """Backward lines of a later phase of the script, none of which ran: in the body (the
-    module's, or a function's) around the last backward line seen, the statements after the one
-    holding it that call ``backward()`` on lines never seen, or call a function of the script
-    that does (``train(model, task_b)`` after ``train(model, task_a)``)."""
+    """Lines of a later phase of the script, none of which ran: in the body (the module's, or a
+    function's) around the last backward line seen, the calls in the statements after the one
+    holding it that train (``training_calls``: a backward on a line never seen, a framework's
+    fit, a function of the script that trains, as ``train(model, task_b)`` after
+    ``train(model, task_a)``)."""
     import ast
 
     from ..analysis.source import walk  # the file's nodes, listed once per check
+    from ..training_calls import FUNCTION_NODES, functions_of, later_training_statements, training_call_lines
 
     if tree is None or not seen:
         return []
-    training = {n.name for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and _backward_lines(n)}
+    functions = functions_of(tree)
     last = max(seen)
-    bodies = [tree.body] + [n.body for n in walk(tree)
-                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    bodies = [tree.body] + [n.body for n in walk(tree) if isinstance(n, FUNCTION_NODES)]
     for body in bodies:
-        for i, stmt in enumerate(body):
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if not stmt.lineno <= last <= (stmt.end_lineno or stmt.lineno):
-                continue
-            found: list[int] = []
-            for later in body[i + 1:]:
-                if isinstance(later, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    continue
-                found += [line for line in _backward_lines(later) if line not in seen]
-                found += [n.lineno for n in ast.walk(later) if isinstance(n, ast.Call)
-                          and isinstance(n.func, ast.Name) and n.func.id in training]
-            return sorted(set(found))
+        holder = next((stmt for stmt in body if not isinstance(stmt, (*FUNCTION_NODES, ast.ClassDef))
+                       and stmt.lineno <= last <= (stmt.end_lineno or stmt.lineno)), None)
+        if holder is None:
+            continue
+        found = [line for later in later_training_statements(body, holder.end_lineno or holder.lineno, functions)
+                 for line in training_call_lines(later, functions) if line not in seen]
+        return sorted(set(found))
     return []
 
 

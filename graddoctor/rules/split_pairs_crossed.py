@@ -5,6 +5,7 @@ import re
 
 from ..findings import Severity
 from ..trace import Location
+from ..training_calls import backward_lines
 from .base import Rule
 
 _SPLITS = {"train": "train", "training": "train", "tr": "train", "trn": "train",
@@ -112,18 +113,13 @@ def _role_through_call(arg: ast.AST) -> tuple[str, str] | None:
     return found
 
 
-def _trains(loop: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr == "backward" for n in ast.walk(loop))
-
-
 def crossed_in_training(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
     """Like ``crossed_pairs``, for the pairs a training loop makes itself: in a loop whose body
     calls ``backward()``, a tuple (``xb, yb = X_train[i:j], y_val[i:j]``) or a call (a loss
     given ``model(X_tr)`` and ``y_te``, ``zip(x_train, y_test)``) with exactly one element or
     argument of inputs and one of labels, of two splits; and a ``zip`` of such arrays anywhere."""
     out = []
-    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and _trains(n)]
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and backward_lines(n)]
     spans = [(loop.lineno, loop.end_lineno or loop.lineno) for loop in loops]
     for node in ast.walk(tree):
         if isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Load):
