@@ -74,6 +74,7 @@ import torch
 from .. import events as ev
 from .graphpaths import packed, post_order, reached, saved
 from .graphpaths import signed as _signed
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
@@ -630,16 +631,15 @@ def cosine_misnormalised(product) -> list:
 class SoftmaxAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS)
         self._told: set = set()  # (softmax dim, summed dim, shape) already reported
 
     def install(self, patcher) -> None:  # subscribes to DESCRIBE_LOSS only (instrument/__init__.py)
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

@@ -33,6 +33,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved, saved_dims
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at
@@ -101,16 +102,15 @@ def distribution_axis(target: torch.Tensor, atol: float = 1e-4) -> set[int]:
 class ClassAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

@@ -30,6 +30,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved, saved_dims
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .softmaxbatch import _BELOW, _data_leading, over_batch
 
@@ -56,16 +57,15 @@ class GatherBatchWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

@@ -29,8 +29,8 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved, signed
+from .losswindow import LossWindow
 from .recorder import Recorder
-from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
@@ -94,17 +94,15 @@ def selects_ignored(mask: torch.Tensor, ignored: torch.Tensor) -> bool:
 class IgnoredMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:
         """Nothing to patch: the graph is read at the first backwards."""
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
-            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

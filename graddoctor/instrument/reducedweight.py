@@ -25,6 +25,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at
@@ -61,16 +62,15 @@ def per_sample_factor(factor_shape: tuple, loss_input_shape: tuple) -> bool:
 class ReducedWeightWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

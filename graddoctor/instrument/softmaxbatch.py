@@ -27,6 +27,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved, saved_dims
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at
@@ -72,7 +73,7 @@ class SoftmaxBatchWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS)
         self._targets = 0  # soft targets whose values were read
         self._told: set = set()
 
@@ -80,9 +81,8 @@ class SoftmaxBatchWatcher:
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:

@@ -31,8 +31,8 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved, signed
+from .losswindow import LossWindow
 from .recorder import Recorder
-from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
 _NODES = 20000  # nodes walked per backward
@@ -111,22 +111,19 @@ def interleaved(ids, target, ignore: int = -100):
 class StreamAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribes to DESCRIBE_LOSS only (instrument/__init__.py)
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             self._look(tensors)
         except Exception as exc:
             self.rec.internal_error("token stream axis", exc)
-        if self._windows >= _WINDOWS:
-            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)  # its windows are over: no call per step
         return {}
 
     def _look(self, tensors) -> None:

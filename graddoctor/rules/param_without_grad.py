@@ -129,8 +129,12 @@ class ParamWithoutGrad(Rule):
             had_grad = set()
             for s in steps:
                 had_grad.update(set(a.opt_params[opt]) - set(s.get("without_grad", ())))
+            # a gradient before this optimizer was built (an earlier phase's) trains nothing it steps
+            built = getattr(init, "seq", None)
+            first = led.first_contribution
             idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
-                    if pid not in led.first_contribution and pid not in had_grad
+                    if (pid not in first or (built is not None and first[pid].seq < built))
+                    and pid not in had_grad
                     and pid not in a.replaced_pids  # param-replaced names the cause
                     and pid not in on_copy  # an optimizer over a copy: param-not-in-optimizer
                     and not _empty(params.get(pid))  # nothing in it to train

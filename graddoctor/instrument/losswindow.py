@@ -1,0 +1,56 @@
+"""The window a loss-graph watcher reads: the first few backwards of a run, and again the first
+few of each later training phase.
+
+A watcher that judges the loss's autograd graph (an axis, a weight, a pooling) reads it at the
+first ``size`` backwards and then costs nothing. A script that trains in phases (a fine-tuning
+stage after pre-training, a student after its teacher) builds another loss there, which those
+backwards never showed. The sign of a new phase read here is an optimizer given parameters after
+the window closed (``PARAMS_ADDED``: the later phase's own optimizer, or a group added to one):
+the window opens again for ``size`` backwards, at most ``REOPENS`` times a run, so that a loop
+that builds an optimizer every step pays a bounded cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, PARAMS_ADDED
+
+REOPENS = 2  # later phases whose losses are read, per run
+
+
+class LossWindow:
+    __slots__ = ("rec", "size", "taken", "reopened", "describer", "retired")
+
+    def __init__(self, rec: Recorder, size: int, describer: Callable[[Any], dict] | None = None):
+        """``describer``: the watcher's ``DESCRIBE_LOSS`` subscriber, retired from the topic once
+        the window closes (no call per backward from then on) and resumed when it reopens; None
+        for a watcher that stays subscribed."""
+        self.rec, self.size, self.describer = rec, size, describer
+        self.taken = 0
+        self.reopened = 0
+        self.retired = False
+        rec.subscribe(PARAMS_ADDED, self.params_added)
+
+    def take(self) -> bool:
+        """Whether this backward is in the window (counting it); the window's last backward
+        retires the describer (safe while the topic is published: this call still runs)."""
+        if self.taken >= self.size:
+            return False
+        self.taken += 1
+        if self.taken >= self.size and self.describer is not None:
+            self.retired = True
+            self.rec.retire(DESCRIBE_LOSS, self.describer)
+        return True
+
+    def params_added(self, opt: int, pids: list) -> None:
+        """PARAMS_ADDED: an optimizer given parameters after the window closed begins a later
+        phase: read its first ``size`` backwards too."""
+        if self.taken < self.size or self.reopened >= REOPENS:
+            return
+        self.reopened += 1
+        self.taken = 0
+        if self.retired:
+            self.retired = False
+            self.rec.resume(DESCRIBE_LOSS, self.describer)
