@@ -35,9 +35,9 @@ import torch
 from .. import events as ev
 from .graphpaths import post_order, saved
 from .normbatch import _constant_side, _dims, _name, _out_shape, pulled_to_target
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .softmaxbatch import _BELOW, _data_leading
-from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards whose losses are looked at; then the watcher unsubscribes
 _NODES = 20000  # graph nodes walked per backward
@@ -69,20 +69,19 @@ class FeatureVarianceWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        self._windows += 1
+        if not self._window.take():
+            return {}
         try:
             self._look(tensors)
         except Exception as exc:
             self.rec.internal_error(_LABEL, exc)
-        if self._windows >= _WINDOWS:
-            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         return {}
 
     def _loader_batch(self) -> int | None:

@@ -29,8 +29,8 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, saved
+from .losswindow import LossWindow
 from .recorder import Recorder
-from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
@@ -56,17 +56,15 @@ class PaddingMaskWatcher:
     def __init__(self, rec: Recorder, attention_masks):
         self.rec = rec
         self._attention_masks = attention_masks
-        self._windows = 0
+        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:
         """Nothing to patch: the graph is read at the first backwards."""
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
-            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+        if not self._window.take():
             return {}
-        self._windows += 1
         try:
             batches = self._attention_masks.padded_token_batches()
             if batches:

@@ -1,0 +1,62 @@
+"""The loss-graph watchers' window: the first backwards of a run, and of a later phase."""
+
+from __future__ import annotations
+
+from graddoctor.instrument.losswindow import REOPENS, LossWindow
+from graddoctor.instrument.topics import DESCRIBE_LOSS, PARAMS_ADDED
+
+
+class _Rec:
+    def __init__(self):
+        self.calls = []
+
+    def subscribe(self, topic, fn):
+        self.calls.append(("subscribe", topic, fn))
+
+    def retire(self, topic, fn):
+        self.calls.append(("retire", topic, fn))
+
+    def resume(self, topic, fn):
+        self.calls.append(("resume", topic, fn))
+
+
+def _describe(tensors):
+    return {}
+
+
+def test_the_window_closes_after_its_size_and_retires_the_describer_at_its_last_backward():
+    rec = _Rec()
+    window = LossWindow(rec, 3, _describe)
+    assert rec.calls == [("subscribe", PARAMS_ADDED, window.params_added)]
+    assert [window.take() for _ in range(5)] == [True, True, True, False, False]
+    assert rec.calls[1:] == [("retire", DESCRIBE_LOSS, _describe)]
+
+
+def test_an_optimizer_built_while_the_window_is_open_changes_nothing():
+    rec = _Rec()
+    window = LossWindow(rec, 2, _describe)
+    window.take()
+    window.params_added(1, [10, 11])
+    assert [window.take() for _ in range(3)] == [True, False, False]
+    assert window.reopened == 0
+
+
+def test_a_later_phase_reopens_the_window_a_bounded_number_of_times():
+    rec = _Rec()
+    window = LossWindow(rec, 2)  # a watcher that stays subscribed: nothing retired or resumed
+    seen = []
+    for phase in range(REOPENS + 2):
+        seen.append([window.take() for _ in range(3)])
+        window.params_added(phase + 1, [phase])
+    assert seen == [[True, True, False]] * (REOPENS + 1) + [[False, False, False]]
+    assert [c[0] for c in rec.calls] == ["subscribe"]
+
+
+def test_a_retired_describer_is_resumed_when_the_window_reopens():
+    rec = _Rec()
+    window = LossWindow(rec, 1, _describe)
+    assert window.take() and not window.take()
+    window.params_added(2, [5])
+    assert rec.calls[-1] == ("resume", DESCRIBE_LOSS, _describe)
+    assert window.take()
+    assert rec.calls[-1] == ("retire", DESCRIBE_LOSS, _describe)
