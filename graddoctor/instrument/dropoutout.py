@@ -43,6 +43,7 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .lossnodes import COMPOSITE_FNS, loss_of
 
@@ -150,7 +151,11 @@ class DropoutOutputWatcher:
         self.rec = rec
         self.active = False
         self._handles: list = []
-        self._backwards = 0
+        self._patcher = None
+        self._compiled = False
+        # a window closed early by a finding is not reopened: the later phase's first dropout
+        # outputs are read only when this one's window ran out
+        self._window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
         # this turn's dropout outputs: id of the grad_fn -> (grad_fn, class, p, location)
         self._outputs: dict[int, tuple] = {}
 
@@ -184,7 +189,7 @@ class DropoutOutputWatcher:
         if not self.active:
             return {}
         try:
-            self._backwards += 1
+            self._window.take()
             outputs, self._outputs = self._outputs, {}
             if outputs:
                 for root in backward_roots(tensors):
@@ -196,20 +201,37 @@ class DropoutOutputWatcher:
                             self.rec.emit_aside(ev.dropout_on_output(module=cls, p=p, fn=fn,
                                                                      direct=direct), loc)
                             return {}
-            if self._backwards >= WINDOW:
+            if self._window.closed:
                 self._stop()
         except Exception as exc:
             self._stop()
+            self._compiled = True  # never reopened after an internal error
             self.rec.internal_error("dropout on output", exc)
         return {}
 
     def _before_compile(self) -> None:
+        self._compiled = True
         if self.active:
             self._stop()
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
+        self._patcher = patcher
+        self._open()
+
+    def _open(self) -> None:
+        self._handles = register_module_hooks(self._patcher, None, self._post, with_kwargs=False,
                                               always_call=False,
                                               classes=nn.modules.dropout._DropoutNd)
         self.active = True
+
+    def _reopen(self) -> None:
+        """A later phase (an optimizer given parameters after the window closed): read its first
+        backwards too, unless torch.compile ran (it warns about global module hooks)."""
+        if self.active or self._compiled or self._patcher is None:
+            return
+        try:
+            self._open()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("dropout on output (reopen)", exc)

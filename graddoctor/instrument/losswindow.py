@@ -21,13 +21,15 @@ REOPENS = 2  # later phases whose losses are read, per run
 
 
 class LossWindow:
-    __slots__ = ("rec", "size", "taken", "reopened", "describer", "retired")
+    __slots__ = ("rec", "size", "taken", "reopened", "describer", "retired", "on_reopen")
 
-    def __init__(self, rec: Recorder, size: int, describer: Callable[[Any], dict] | None = None):
+    def __init__(self, rec: Recorder, size: int, describer: Callable[[Any], dict] | None = None,
+                 on_reopen: Callable[[], None] | None = None):
         """``describer``: the watcher's ``DESCRIBE_LOSS`` subscriber, retired from the topic once
         the window closes (no call per backward from then on) and resumed when it reopens; None
-        for a watcher that stays subscribed."""
-        self.rec, self.size, self.describer = rec, size, describer
+        for a watcher that stays subscribed. ``on_reopen``: what the watcher puts back when the
+        window reopens (the module hooks it removed at the close)."""
+        self.rec, self.size, self.describer, self.on_reopen = rec, size, describer, on_reopen
         self.taken = 0
         self.reopened = 0
         self.retired = False
@@ -44,6 +46,10 @@ class LossWindow:
             self.rec.retire(DESCRIBE_LOSS, self.describer)
         return True
 
+    @property
+    def closed(self) -> bool:
+        return self.taken >= self.size
+
     def params_added(self, opt: int, pids: list) -> None:
         """PARAMS_ADDED: an optimizer given parameters after the window closed begins a later
         phase: read its first ``size`` backwards too."""
@@ -54,3 +60,5 @@ class LossWindow:
         if self.retired:
             self.retired = False
             self.rec.resume(DESCRIBE_LOSS, self.describer)
+        if self.on_reopen is not None:
+            self.on_reopen()
