@@ -976,8 +976,8 @@ temperature_multiplied factor (the constant factor between a product of L2-norma
                    contrastive loss's cosine similarities scaled by a constant below 1 (a
                    temperature multiplied instead of divided) — at the first 3 backwards, once
                    per (factor, shape) (loc: the backward; an aside; instrument/attnaxis.py)
-masked_mean        how (product | where | masked_fill: how the mask zeroes the per-element
-                   loss), reduced (the reductions below the loss: "mean", "mean+mean",
+masked_mean        how (product | where | masked_fill | ignore_index: how the mask zeroes the
+                   per-element loss; ignore_index: an unreduced nll/cross-entropy's ignored targets), reduced (the reductions below the loss: "mean", "mean+mean",
                    "sum/numel"), kept (the share of elements the mask keeps), elements (how many
                    the masked value has), same_mask (the mask equals the first one seen at this
                    line: a constant of the model), at_mean (the location is the mean's call, not

@@ -146,3 +146,22 @@ def test_keep_probabilities_and_drop_masks_at_the_drop_rate_are_left_alone():
         "    m = torch.bernoulli(torch.full(h.shape, p))\n"
         "    return h * m\n")
     assert _kept(src) == []
+
+
+def test_a_mask_rescaled_by_one_minus_its_rate_is_a_keep_mask_of_a_drop_rate():
+    src = (
+        "import torch\n"                                                          # 1
+        "class D:\n"                                                               # 2
+        "    def __init__(self, p=0.1):\n"                                         # 3
+        "        self.p = p\n"                                                     # 4
+        "    def forward(self, x, h):\n"                                           # 5
+        "        sel = (torch.rand_like(x) < self.p).float()\n"                     # 6
+        "        x = x * sel / (1 - self.p)\n"                                     # 7
+        "        m = torch.rand(h.shape) < 0.2\n"                                  # 8
+        "        h = h.div(1 - 0.2) * m\n"                                         # 9
+        "        ok = torch.rand_like(x) >= self.p\n"                              # 10
+        "        x = x * ok / (1 - self.p)\n"                                      # 11
+        "        v = torch.rand(h.shape) < 0.3\n"                                  # 12
+        "        h = h * v / 0.3\n"                                                # 13
+        "        return x, h\n")
+    assert _found(src) == [(6, "sel", "keep"), (8, "m", "keep")]

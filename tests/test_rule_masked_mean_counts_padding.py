@@ -83,7 +83,8 @@ def test_means_over_every_position_are_found():
     assert _found(0.5 * (per * mask).mean() / 3) == ["mean"]
     assert _found(torch.where(mask.bool(), per, 0.0).mean()) == ["mean"]
     assert _found(per.masked_fill(mask == 0, 0.0).view(-1).mean()) == ["mean"]
-    assert _found(per.mean() + (per * mask).mean()) == ["mean"]
+    # the unreduced loss's own mean is a candidate too (its ignored targets are its mask)
+    assert _found(per.mean() + (per * mask).mean()) == ["mean", "mean"]
 
 
 def test_means_over_the_kept_positions_are_not():
@@ -191,3 +192,52 @@ def per_sample_mask(loss) -> bool:
     node = _masking(loss)
     index = next(i for i, (child, _) in enumerate(node.next_functions) if child is not None)
     return per_sample(node, index)
+
+
+# -- an unreduced token loss whose ignored targets give 0 ---------------------------------------
+
+def test_ignored_targets_of_an_unreduced_loss_are_its_mask():
+    from graddoctor.instrument.maskmean import masked_share
+    logits = torch.randn(4, 10, 7, requires_grad=True)
+    labels = torch.randint(0, 7, (4, 10))
+    labels[:, 6:] = -100
+    per = F.cross_entropy(logits.reshape(-1, 7), labels.reshape(-1), reduction="none")
+    (masking, _, reduced, _), = masked_means(per.mean().grad_fn)
+    mask, how, _ = masked_share(masking)
+    assert how == "ignore_index" and reduced == "mean" and abs(float(mask.float().mean()) - 0.6) < 1e-6
+    per2d = F.cross_entropy(logits.transpose(1, 2), labels.masked_fill(labels == -100, 0),
+                            reduction="none", ignore_index=0)
+    (masking, *_), = masked_means(torch.mean(per2d).grad_fn)
+    assert masked_share(masking)[1] == "ignore_index"
+    reduced_loss = F.cross_entropy(logits.reshape(-1, 7), labels.reshape(-1))
+    assert masked_means(reduced_loss.grad_fn) == []
+
+
+def test_the_watcher_records_an_unreduced_loss_averaged_over_its_ignored_targets():
+    def run(reduce):
+        rec = Recorder(step_budget=None)
+        with Instrumentation(rec):
+            torch.manual_seed(0)
+            embed, head = nn.Embedding(9, 6), nn.Linear(6, 9)
+            opt = torch.optim.SGD([*embed.parameters(), *head.parameters()], lr=0.1)
+            for step in range(4):
+                tokens = torch.randint(0, 9, (4, 8))
+                labels = tokens.masked_fill(torch.rand(4, 8) < 0.5, -100)
+                per = F.cross_entropy(head(embed(tokens)).reshape(-1, 9), labels.reshape(-1),
+                                      reduction="none")
+                loss = reduce(per, labels)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return [e["how"] for e in rec.trace.of_kind("masked_mean")]
+    assert run(lambda per, labels: per.mean()) == ["ignore_index"] * 4
+    assert run(lambda per, labels: per.sum() / (labels != -100).sum()) == []
+
+
+def test_a_mean_taken_by_torch_mean_is_placed_at_the_loss_assignment(tmp_path):
+    script = tmp_path / "train.py"
+    lines = ["pass\n"] * 16 + ["loss = torch.mean(losses)\n", "pass\n", "pass\n",
+                                "loss.backward()\n"]
+    script.write_text("".join(lines))
+    f = only(_trace(0.5, 0.8, how="ignore_index", at_mean=False, line=20, path=str(script)), SLUG)
+    assert f.location.line == 17 and "ignore_index" in f.message and "reduction='none'" in f.fix

@@ -75,6 +75,29 @@ def test_a_helper_that_returns_the_penalty_is_followed(tmp_path):
     assert "line 9" in f.message
 
 
+FGSM_HELPER = """\
+import torch
+def perturb(model, x, y, eps=0.1):
+    x = x.clone().requires_grad_(True)
+    g, = torch.autograd.grad(crit(model(x), y), x)
+    return torch.clamp(x + eps * g.sign(), -3, 3)
+for x, y in data:
+    loss = crit(model(perturb(model, x, y)), y)
+    loss.backward()
+"""
+
+
+def test_a_helper_whose_result_the_caller_hands_to_a_model_is_an_input_not_a_penalty(tmp_path):
+    assert findings(traced(tmp_path, FGSM_HELPER, 4), SLUG) == []
+
+
+def test_a_helper_result_the_caller_adds_to_its_loss_still_warns(tmp_path):
+    text = FGSM_HELPER.replace("crit(model(perturb(model, x, y)), y)",
+                               "crit(model(x), y) + perturb(model, x, y).pow(2).mean()")
+    f = only(traced(tmp_path, text, 4), SLUG)
+    assert "line 8" in f.message
+
+
 REFERENCE = """\
 import torch
 pos.requires_grad_(True)

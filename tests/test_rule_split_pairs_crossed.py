@@ -102,3 +102,25 @@ def test_one_split_or_both_pairs_stay_silent():
            "        v = criterion(model(X_val), y_val)\n"
            "    criterion(model(xb), yb).backward()\n")
     assert _made(src) == []
+
+
+def test_a_loss_given_a_name_that_holds_the_model_output_of_another_split():
+    src = ("for i in range(0, n, bs):\n"
+           "    out = net(X_train[i:i + bs])\n"
+           "    out = out.squeeze(-1)\n"
+           "    loss = crit(out, y_val[i:i + bs])\n"
+           "    loss.backward()\n")
+    assert _made(src) == [(4, "net(X_train[i:i + bs])", "y_val[i:i + bs]")]
+
+
+def test_a_name_bound_outside_the_block_or_rebound_to_the_same_split_stays_silent():
+    src = ("out = net(X_val)\n"
+           "for i in range(0, n, bs):\n"
+           "    loss = crit(out, y_train[i:i + bs])\n"
+           "    out = net(X_train[i:i + bs])\n"
+           "    loss = crit(out, y_train[i:i + bs])\n"
+           "    loss.backward()\n"
+           "    if i % 100 == 0:\n"
+           "        out = net(X_val)\n"
+           "    val = crit(out, y_train[i:i + bs])\n")
+    assert _made(src) == []

@@ -925,40 +925,47 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _tainted(expr: ast.AST, names: set) -> bool:
-    """Does ``expr``'s value come from one of ``names`` by arithmetic or tensor methods (not
-    through a call of the user's own functions or modules, which start another computation)?"""
+def _tainted(expr: ast.AST, names: set, calls: frozenset = frozenset()) -> bool:
+    """Does ``expr``'s value come from one of ``names``, or from a call of one of the functions
+    ``calls``, by arithmetic or tensor methods (not through a call of the user's other functions
+    or modules, which start another computation)?"""
     if isinstance(expr, ast.Name):
         return expr.id in names
     if isinstance(expr, ast.BinOp):
-        return _tainted(expr.left, names) or _tainted(expr.right, names)
+        return _tainted(expr.left, names, calls) or _tainted(expr.right, names, calls)
     if isinstance(expr, ast.UnaryOp):
-        return _tainted(expr.operand, names)
+        return _tainted(expr.operand, names, calls)
     if isinstance(expr, (ast.Subscript, ast.Starred)):
-        return _tainted(expr.value, names)
+        return _tainted(expr.value, names, calls)
     if isinstance(expr, (ast.Tuple, ast.List)):
-        return any(_tainted(e, names) for e in expr.elts)
+        return any(_tainted(e, names, calls) for e in expr.elts)
     if isinstance(expr, ast.Call):
         func = expr.func
+        if calls and (getattr(func, "id", None) in calls or getattr(func, "attr", None) in calls):
+            return True
         args = list(expr.args) + [k.value for k in expr.keywords]
         if isinstance(func, ast.Attribute):
-            if func.attr in ("detach", "item", "tolist", "numpy", "cpu") and _tainted(func.value, names):
+            if func.attr in ("detach", "item", "tolist", "numpy", "cpu") and _tainted(func.value, names, calls):
                 return func.attr in ("detach", "cpu")
-            if _tainted(func.value, names):
+            if _tainted(func.value, names, calls):
                 return True  # grad.pow(2).sum()
             if _root(func) in _TORCH_ROOTS:
-                return any(_tainted(a, names) for a in args)
+                return any(_tainted(a, names, calls) for a in args)
             return False
         if isinstance(func, ast.Name) and func.id in _BUILTINS:
-            return any(_tainted(a, names) for a in args)
+            return any(_tainted(a, names, calls) for a in args)
     return False
 
 
-def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
+def result_reaches_backward(path: str, line: int, depth: int = 0,
+                            via: frozenset = frozenset()) -> int | None:
     """The line of a ``.backward()`` whose loss is computed, by arithmetic and tensor methods,
     from what the statement at ``line`` assigns (a ``torch.autograd.grad`` result), in the same
     function, or in a caller of it when the function returns such a value (a
-    ``gradient_penalty()`` helper); None when there is none or the source cannot be read."""
+    ``gradient_penalty()`` helper); None when there is none or the source cannot be read.
+    ``via``: the helpers whose result the statement at ``line`` must take up by arithmetic for
+    its names to count (``model(fgsm(x))`` hands the helper's result to a model: a new input,
+    not the penalty itself)."""
     tree = _parse(path)
     if tree is None or depth > 2:
         return None
@@ -969,6 +976,8 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
     names: set = set()
     for node in statements:
         if isinstance(node, ast.Assign) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if via and not _tainted(node.value, set(), via):
+                continue
             for target in node.targets:
                 names.update(leaf.id for leaf in walk(target) if isinstance(leaf, ast.Name))
     if not names:
@@ -1001,7 +1010,7 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
                     isinstance(c, ast.Call) and (getattr(c.func, "id", None) == scope.name
                                                  or getattr(c.func, "attr", None) == scope.name)
                     for c in walk(node.value)):
-                found = result_reaches_backward(path, node.lineno, depth + 1)
+                found = result_reaches_backward(path, node.lineno, depth + 1, frozenset({scope.name}))
                 if found is not None:
                     return found
     return None

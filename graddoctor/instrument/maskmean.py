@@ -5,7 +5,9 @@
 The zeros the mask puts in still count in the mean's denominator, so the loss (and its
 gradient) is scaled by the share of positions the mask keeps: a batch with more padding trains
 with a smaller step, and the reported loss is off by that share. ``.sum() / mask.sum()``,
-``ignore_index`` or ``loss[mask].mean()`` divide by the kept positions only.
+``ignore_index`` with the loss's own mean or ``loss[mask].mean()`` divide by the kept positions
+only; ``reduction="none"`` with ``ignore_index`` (-100, a pad id) then a plain ``.mean()`` is the
+masked mean again: the ignored targets give 0 and still count.
 
 Read from the autograd graph of the backpropagated loss, at the first ``_WINDOW`` backwards:
 
@@ -19,8 +21,9 @@ Read from the autograd graph of the backpropagated loss, at the first ``_WINDOW`
   and ``sum`` reductions (views between them) over a masking node, whose mean sizes times some
   run of constant divisors right above it equal the number of elements of that node, averages
   it over every position: a masking node is a product of a gradient-carrying value and a
-  constant tensor holding only 0s and 1s, a ``where`` with one gradient-carrying branch, or a
-  ``masked_fill``. The mask is read through graphpaths' ``saved`` (never unpacked). With at least
+  constant tensor holding only 0s and 1s, a ``where`` with one gradient-carrying branch, a
+  ``masked_fill``, or an unreduced ``nll_loss``/``cross_entropy`` (its saved targets against its
+  saved ``ignore_index``). The mask is read through graphpaths' ``saved`` (never unpacked). With at least
   ``_MIN_ZEROS`` of its (broadcast) elements masked out, a ``masked_mean`` aside event records
   the kept share and whether the mask equals the first one seen at that line (a constant of the
   model: a fixed triangle over pairs), at the mean's line (else the backward's).
@@ -42,7 +45,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import saved
+from .graphpaths import saved, signed
 from .inlinable import watched
 from .lossfactor import python_number
 from .recorder import Recorder
@@ -55,7 +58,10 @@ _NOTED = 256  # masking nodes noted between two backwards, at most
 _CHAIN = 12  # reductions and views walked below the top reduction, at most
 _MIN_ZEROS = 0.10  # share of masked-out elements below which a mask is not judged
 
-_MASKING = frozenset({"MulBackward0", "WhereBackward0", "MaskedFillBackward0"})
+# an unreduced nll/cross-entropy masks too: its ignored targets (ignore_index: -100, a pad id)
+# give 0 at their positions, which a plain mean still counts
+_NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
+_MASKING = frozenset({"MulBackward0", "WhereBackward0", "MaskedFillBackward0"}) | _NLL
 _VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0",
                     "SqueezeBackward1", "SqueezeBackward2", "UnsqueezeBackward0", "PermuteBackward0",
                     "TransposeBackward0", "TBackward0", "CloneBackward0", "ToCopyBackward0",
@@ -79,14 +85,21 @@ def _numel(node) -> int | None:
 
 def masked_share(node) -> tuple[object, str, int] | None:
     """``(mask, how, index)`` when ``node`` masks a gradient-carrying value with a constant:
-    ``mask`` is True (or 1) where the value is kept, ``how`` is "product", "where" or
-    "masked_fill", ``index`` the operand position of the gradient-carrying value. None for any
-    other node, or a product with a scalar or a computed tensor."""
+    ``mask`` is True (or 1) where the value is kept, ``how`` is "product", "where",
+    "masked_fill" or "ignore_index" (an unreduced nll loss: its targets other than the ignored
+    index), ``index`` the operand position of the gradient-carrying value. None for any other
+    node, or a product with a scalar or a computed tensor."""
     name = type(node).__name__
     children = _children(node)
     if len(children) != 1:
         return None  # both sides computed (or neither): no constant mask
     index = children[0][0]
+    if name in _NLL:
+        target, ignored = saved(node, "_saved_target"), saved(node, "_saved_ignore_index")
+        if saved(node, "_saved_reduction") != 0 or not isinstance(target, torch.Tensor) \
+                or not isinstance(ignored, int):
+            return None
+        return target != signed(ignored), "ignore_index", index
     if name == "MulBackward0":
         mask = saved(node, "_saved_other" if index == 0 else "_saved_self")
         if not isinstance(mask, torch.Tensor) or mask.dim() == 0 or mask.requires_grad:

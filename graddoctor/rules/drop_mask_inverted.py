@@ -208,6 +208,38 @@ def _roles(tree: ast.AST, name: str) -> set[str]:
     return products if roles and products else roles
 
 
+def _threshold(cmp: ast.Compare) -> ast.AST | None:
+    """The side of ``rand < t`` (or its spellings) that is not the uniform draw."""
+    if len(cmp.ops) != 1:
+        return None
+    if _is_uniform(cmp.left):
+        return cmp.comparators[0]
+    return cmp.left if _is_uniform(cmp.comparators[0]) else None
+
+
+def _rescaled_by_keep(tree: ast.AST, name: str, rate: ast.AST) -> bool:
+    """Is mask ``name`` multiplied into a value that the same statement divides by
+    ``1 - rate`` (``x * keep / (1 - p)``, ``x.div(1 - p) * keep``)? Inverted dropout's rescaling
+    by the keep probability says the script takes ``rate`` for the share dropped, and the mask
+    for the rows kept."""
+    complement = f"1 - {ast.unparse(rate)}"
+    for stmt in ast.walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.Expr)):
+            continue
+        nodes = list(ast.walk(stmt))
+        if not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                   and name in (_mask_name(n.left), _mask_name(n.right)) for n in nodes):
+            continue
+        for n in nodes:
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ast.unparse(n.right) == complement:
+                return True
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("div", "div_", "true_divide") and n.args \
+                    and ast.unparse(n.args[0]) == complement:
+                return True
+    return False
+
+
 def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
     """``[(line, name, the comparison, the written rate, the role)]`` for each mask drawn as a
     comparison of a uniform draw with a rate under 0.5 that drops (or keeps) the rows it should
@@ -230,11 +262,13 @@ def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
         if not 0 < written < 0.5:
             continue  # a rate written above one half is meant (word dropout at 0.75)
         name = node.targets[0].id
-        roles = _roles(tree, name)
+        rate = _threshold(value)
+        rescaled = rate is not None and _rescaled_by_keep(tree, name, rate)
+        roles = {"keep"} if rescaled else _roles(tree, name)
         if len(roles) != 1:
             continue
         role = next(iter(roles))
-        if role == "keep" and not any(word in ast.unparse(value).lower() for word in _RATE_WORDS):
+        if role == "keep" and not rescaled and not any(word in ast.unparse(value).lower() for word in _RATE_WORDS):
             continue  # `valid = torch.rand(...) < 0.3` keeps 30 % (sparse returns): a rate that
             # is not named for dropping may be the share kept
         dropped = true_share if role == "drop" else 1 - true_share
@@ -360,8 +394,9 @@ class DropMaskInverted(Rule):
     a comparison of a uniform draw (`torch.rand`, `rand_like`, `uniform_()`) with a rate the
     script wrote under one half (a classifier-free guidance `p_uncond`, a token-masking or word
     dropout rate), where the comparison's direction and the mask's use (a `drop`/`keep` name,
-    which branch of `torch.where` gets the null condition, `x[mask] = null`, `masked_fill`)
-    together make the dropped share `1 - rate`. Read from the script's source once a backward
+    which branch of `torch.where` gets the null condition, `x[mask] = null`, `masked_fill`, a
+    product rescaled by `1 / (1 - rate)` as inverted dropout does: a keep mask, whatever the
+    rate's name) together make the dropped share `1 - rate`. Read from the script's source once a backward
     ran; it points at the comparison.
 
     ## Why is this bad?
@@ -387,7 +422,8 @@ class DropMaskInverted(Rule):
     ## Stays silent on
     The keep-mask form (`keep = torch.rand(n) > p_uncond; torch.where(keep, y, null)`), `rand <
     1 - p` used as a keep mask; a keep mask compared with a rate not named for dropping (`valid =
-    torch.rand(...) < 0.3`: the share kept); a rate written at one half or above (word dropout at 0.75:
+    torch.rand(...) < 0.3`: the share kept), unless the product it keeps is divided by `1 - rate`
+    (the script takes the rate for the share dropped); `x * (rand < keep_prob) / keep_prob`; a rate written at one half or above (word dropout at 0.75:
     meant); a rate the source does not bind to one number (an argument of the command line, a
     value assigned twice); a mask whose use says neither drop nor keep, or both. Not seen: masks
     from a helper function (lucidrains' `prob_mask_like(shape, prob)`).

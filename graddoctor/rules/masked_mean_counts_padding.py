@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
 
 _VARIES = 1.10  # the largest kept share over the smallest from which the step changes per batch
@@ -24,8 +25,9 @@ class MaskedMeanCountsPadding(Rule):
     """
     ## What it does
     Finds a per-element loss multiplied by a 0/1 mask (`reduction="none"` then `* mask`,
-    `torch.where(valid, loss, 0)`, `loss.masked_fill(pad, 0)`) and then averaged over every
-    element, the masked-out ones included: `.mean()`, or `.sum()` divided by `numel()` or by a
+    `torch.where(valid, loss, 0)`, `loss.masked_fill(pad, 0)`), or a token loss computed with
+    `reduction="none"` whose ignored targets (`ignore_index`: -100, a pad id) give 0, and then
+    averaged over every element, the masked-out or ignored ones included: `.mean()`, or `.sum()` divided by `numel()` or by a
     constant equal to it (`B * T`). It is read from the backpropagated loss's autograd graph at
     the first backwards, and points at the line that takes the mean.
 
@@ -53,7 +55,8 @@ class MaskedMeanCountsPadding(Rule):
     (`loss[mask].mean()`, `loss.masked_select(mask).mean()`).
 
     ## Stays silent on
-    `/ mask.sum()` (clamped or not) and per-row counts; `ignore_index`; `masked_select` and
+    `/ mask.sum()` (clamped or not) and per-row counts; `ignore_index` with the loss's own
+    mean reduction; an unreduced loss with no ignored target in the batch; `masked_select` and
     boolean indexing before the mean; a per-sequence sum averaged over the batch
     (`(loss * mask).sum(1).mean()`); weights that are not 0/1; a mask with under 10 % zeros;
     dropout masks inside the model; attention masks; a mask that is the same tensor at every
@@ -84,8 +87,9 @@ class MaskedMeanCountsPadding(Rule):
             shares = ", ".join(f"{k:.0%}" for k in kept[:4])
             divided = ("summed and divided by the number of all its elements" if "numel" in reduced
                        else "averaged over all its elements")
-            masked = {"where": "zeroed with torch.where", "masked_fill": "zeroed with masked_fill"
-                      }.get(how, "multiplied by a 0/1 mask")
+            masked = {"where": "zeroed with torch.where", "masked_fill": "zeroed with masked_fill",
+                      "ignore_index": ("computed with reduction='none', whose ignored targets "
+                                       "(ignore_index) give 0,")}.get(how, "multiplied by a 0/1 mask")
             if varies:
                 scale = (f"the mask keeps {shares} of the positions in the first batches, so each "
                          "batch's loss and gradient are scaled by its own share: batches with more "
@@ -97,11 +101,21 @@ class MaskedMeanCountsPadding(Rule):
             message = (f"a per-element loss {masked} is {divided}, the masked-out positions "
                        f"included: {scale}")
             yield self.finding(
-                message, first.loc, fix=self._fix(a, first, how, reduced),
+                message, self._where(a, first), fix=self._fix(a, first, how, reduced),
                 severity=Severity.WARNING if varies else Severity.INFO,
                 evidence={"kept": kept, "how": how, "reduced": reduced,
                           "elements": first.get("elements")},
             )
+
+    def _where(self, a, e) -> Location:
+        """The mean's line: the event's, or, for a mean torch.mean took (located at the backward),
+        the assignment of the backpropagated loss when it takes a mean."""
+        if e.get("at_mean"):
+            return e.loc
+        found = a.source.loss_assignment(e.loc.path, e.loc.line)
+        if found is not None and re.search(r"\bmean\(", found[1]):
+            return Location(e.loc.path, found[0])
+        return e.loc
 
     def _fix(self, a, e, how, reduced) -> str:
         at_mean = e.get("at_mean") and "numel" not in reduced  # the line calls .mean()
@@ -111,6 +125,10 @@ class MaskedMeanCountsPadding(Rule):
             product, mask = named
             return (f"divide by the kept positions, not all of them: "
                     f"{product}.sum() / {mask}.sum().clamp(min=1)")
+        if how == "ignore_index":
+            return ("let the loss average the kept targets itself (drop reduction='none': its mean "
+                    "skips the ignored targets), or divide the sum by their number: "
+                    "loss.sum() / (labels != ignore_index).sum().clamp(min=1)")
         if how in ("where", "masked_fill"):
             return ("average the kept positions only: loss[keep].mean(), or the masked sum "
                     "divided by the number of kept positions (keep.sum().clamp(min=1))")

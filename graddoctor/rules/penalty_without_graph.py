@@ -61,7 +61,8 @@ class PenaltyWithoutGraph(Rule):
 
     ## Stays silent on
     `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
-    training: the loss is computed by the model on the perturbed input); a gradient computed
+    training: the loss is computed by the model on the perturbed input, also when a helper
+    builds it and the caller hands its result straight to the model); a gradient computed
     for logging or for a hand-written update that never reaches the backpropagated loss; an L2
     penalty computed from the parameters themselves, and a detached copy of it kept for logging;
     a loss on detached values computed for a log or under `torch.no_grad()` (validation) that no

@@ -113,12 +113,56 @@ def _role_through_call(arg: ast.AST) -> tuple[str, str] | None:
     return found
 
 
+_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)
+
+
+def _blocks(tree: ast.AST) -> dict[int, tuple[list, int]]:
+    """Each simple statement's block and position in it, by the id of each node it holds."""
+    out: dict[int, tuple[list, int]] = {}
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                if isinstance(stmt, _SIMPLE):
+                    for inner in ast.walk(stmt):
+                        out[id(inner)] = (block, i)
+    return out
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+               for n in ast.walk(stmt))
+
+
+def _model_output(name: str, block: list, at: int) -> ast.AST | None:
+    """The call a name holds at position ``at`` of its block, by the statements before it in
+    that block: ``out = net(X_train[i:j])``, through the name's own tensor methods after it
+    (``preds = preds.squeeze(-1)``); None when the binding is elsewhere or anything else."""
+    for stmt in reversed(block[:at]):
+        if not _binds(stmt, name):
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            return None
+        value = stmt.value
+        if isinstance(_base(value), ast.Name) and _base(value).id == name:
+            at = block.index(stmt)
+            return _model_output(name, block, at)
+        return value if isinstance(value, ast.Call) else None
+    return None
+
+
 def crossed_in_training(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
     """Like ``crossed_pairs``, for the pairs a training loop makes itself: in a loop whose body
     calls ``backward()``, a tuple (``xb, yb = X_train[i:j], y_val[i:j]``) or a call (a loss
     given ``model(X_tr)`` and ``y_te``, ``zip(x_train, y_test)``) with exactly one element or
-    argument of inputs and one of labels, of two splits; and a ``zip`` of such arrays anywhere."""
+    argument of inputs and one of labels, of two splits; and a ``zip`` of such arrays anywhere.
+    A loss's argument that is a bare name stands for the model call it was assigned from earlier
+    in the same block (``out = net(X_train[i:j])`` then ``crit(out, y_val[i:j])``)."""
     out = []
+    blocks = _blocks(tree)
     loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and backward_lines(n)]
     spans = [(loop.lineno, loop.end_lineno or loop.lineno) for loop in loops]
     for node in ast.walk(tree):
@@ -132,6 +176,11 @@ def crossed_in_training(tree: ast.AST) -> list[tuple[int, str, str, str, str, st
         if not (isinstance(node, ast.Call) and _callee(node) == "zip") and \
                 not any(a <= node.lineno <= b for a, b in spans):
             continue
+        if isinstance(node, ast.Call) and id(node) in blocks:
+            block, at = blocks[id(node)]
+            parts = [_model_output(part.id, block, at) or part
+                     if isinstance(part, ast.Name) and role_and_split(part) is None else part
+                     for part in parts]
         tagged = [(part, _role_through_call(part)) for part in parts]
         inputs = [(part, t[1]) for part, t in tagged if t is not None and t[0] == "inputs"]
         labels = [(part, t[1]) for part, t in tagged if t is not None and t[0] == "labels"]
@@ -164,7 +213,9 @@ class SplitPairsCrossed(Rule):
     `DigitDataset(images[train_idx], labels[val_idx])`, `TensorDataset(X_val, y_test)`, a
     `Dataset(train_features, test_targets)` — a copy-paste slip after a train/val/test split —
     and the same pairs made by a training loop itself (a loop whose body calls `backward()`):
-    `xb, yb = X_train[i:i + bs], y_val[i:i + bs]`, `criterion(model(x_tr), y_te)`, and
+    `xb, yb = X_train[i:i + bs], y_val[i:i + bs]`, `criterion(model(x_tr), y_te)`, a loss
+    given a name the same block assigned the model's output to (`out = net(X_train[i:j])`,
+    then `crit(out, y_val[i:j])`, through the name's own methods: `out = out.squeeze(-1)`), and
     `zip(X_train, y_test)` anywhere.
     Read from the script's source once a backward ran: each call of a callee named
     `...Dataset` or `...Set` (or a class of the script subclassing a Dataset) with exactly one argument named as inputs (`x`, `X`, `images`, `features`,
@@ -197,7 +248,9 @@ class SplitPairsCrossed(Rule):
     name and an index that disagree (`X_train[val_idx]`: a sub-split of the training data);
     calls of anything but a dataset (plots, metrics) outside the training loops, but `zip`; an
     evaluation in the training loop that reads one held-out pair (`model(X_val)`, `y_val`); a
-    call given both pairs (`fit(X_train, y_train, X_val, y_val)`).
+    call given both pairs (`fit(X_train, y_train, X_val, y_val)`); a name holding a model output
+    that was bound in another block (before the batch loop, under an `if`), which the loss may
+    not read.
     """
 
     code = "GD333"
