@@ -962,7 +962,11 @@ masked_fill_weight share (the mean weight a softmax over the last axis gives the
                    masked), rows (how many such rows), shape (the softmax's output shape), params
                    [pid] (tracked tensors below the softmax): the fill value masks nothing (0, a
                    typo'd 1e-9) or gives the masked positions the weight (+1e9) — at the first 3
-                   backwards, once per shape (loc: the backward; an aside; instrument/attnaxis.py)
+                   backwards, once per shape; with after (True, only when set) the masked_fill
+                   is just above the softmax or log_softmax instead, taking padding positions
+                   (each row's at one end, rows of different lengths) out of its result without
+                   a renormalisation, and share is the weight the normaliser gave them (loc: the
+                   backward; an aside; instrument/attnaxis.py)
 stream_interleaved shape (the token batch's shape), axis (its time axis: the one along which the
                    loss's targets are the ids one step later), stride (how many tokens of the 1-D
                    stream the batch is a view of one step along that axis skips), stream (the
@@ -2371,9 +2375,11 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
 
 
 def masked_fill_weight(*, share: float, masked: float, rows: int, shape: list[int],
-                       params: list[int]) -> Made:
-    return "masked_fill_weight", {"share": share, "masked": masked, "rows": rows,
-                                  "shape": shape, "params": params}
+                       params: list[int], after: bool = False) -> Made:
+    data = {"share": share, "masked": masked, "rows": rows, "shape": shape, "params": params}
+    if after:
+        data["after"] = True
+    return "masked_fill_weight", data
 
 
 def stream_interleaved(*, shape: list[int], axis: int, stride: int, stream: int,
