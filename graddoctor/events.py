@@ -1037,6 +1037,11 @@ norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axe
                    the leading axis of a tensor without gradient the graph read), shifted by a
                    constant and penalised — at the first 3 backwards, once per line (loc: the
                    norm's call; an aside; instrument/normbatch.py)
+spread_minimised   form ("var": a var/std over axis 0; "centred": a square or norm of z - z.mean(0)),
+                   shape (the (samples, features) sizes of z), params [pid] (tracked tensors
+                   below it): the whole loss, through reductions and positive constant factors,
+                   is the spread of one batch around its own mean — at the first 3 backwards,
+                   once per backward line (loc: the backward; an aside; instrument/spreadloss.py)
 feature_variance   fn ("var" or "std"), shape (the (samples, features) sizes it reduced), penalty
                    (how the loss pulls it to a target: "relu", "clamp", "square", ..., or a
                    regression loss's name): a variance or standard deviation on the loss's path
@@ -2402,6 +2407,10 @@ def feature_variance(*, fn: str, shape: list[int], penalty: str) -> Made:
     return "feature_variance", {"fn": fn, "shape": shape, "penalty": penalty}
 
 
+def spread_minimised(*, form: str, shape: list[int], params: list[int]) -> Made:
+    return "spread_minimised", {"form": form, "shape": shape, "params": params}
+
+
 def samples_pushed_up(*, fn: str, samples: int, pushed: int, above: float, consumers: int) -> Made:
     return "samples_pushed_up", {"fn": fn, "samples": samples, "pushed": pushed, "above": above,
                                  "consumers": consumers}
@@ -2614,6 +2623,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "norm_batch": norm_batch,
     "samples_pushed_up": samples_pushed_up,
     "feature_variance": feature_variance,
+    "spread_minimised": spread_minimised,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "masked_fill_weight": masked_fill_weight,
@@ -2678,7 +2688,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})
