@@ -962,7 +962,11 @@ masked_fill_weight share (the mean weight a softmax over the last axis gives the
                    masked), rows (how many such rows), shape (the softmax's output shape), params
                    [pid] (tracked tensors below the softmax): the fill value masks nothing (0, a
                    typo'd 1e-9) or gives the masked positions the weight (+1e9) — at the first 3
-                   backwards, once per shape (loc: the backward; an aside; instrument/attnaxis.py)
+                   backwards, once per shape; with after (True, only when set) the masked_fill
+                   is just above the softmax or log_softmax instead, taking padding positions
+                   (each row's at one end, rows of different lengths) out of its result without
+                   a renormalisation, and share is the weight the normaliser gave them (loc: the
+                   backward; an aside; instrument/attnaxis.py)
 stream_interleaved shape (the token batch's shape), axis (its time axis: the one along which the
                    loss's targets are the ids one step later), stride (how many tokens of the 1-D
                    stream the batch is a view of one step along that axis skips), stream (the
@@ -1033,6 +1037,11 @@ norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axe
                    the leading axis of a tensor without gradient the graph read), shifted by a
                    constant and penalised — at the first 3 backwards, once per line (loc: the
                    norm's call; an aside; instrument/normbatch.py)
+spread_minimised   form ("var": a var/std over axis 0; "centred": a square or norm of z - z.mean(0)),
+                   shape (the (samples, features) sizes of z), params [pid] (tracked tensors
+                   below it): the whole loss, through reductions and positive constant factors,
+                   is the spread of one batch around its own mean — at the first 3 backwards,
+                   once per backward line (loc: the backward; an aside; instrument/spreadloss.py)
 feature_variance   fn ("var" or "std"), shape (the (samples, features) sizes it reduced), penalty
                    (how the loss pulls it to a target: "relu", "clamp", "square", ..., or a
                    regression loss's name): a variance or standard deviation on the loss's path
@@ -2371,9 +2380,11 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
 
 
 def masked_fill_weight(*, share: float, masked: float, rows: int, shape: list[int],
-                       params: list[int]) -> Made:
-    return "masked_fill_weight", {"share": share, "masked": masked, "rows": rows,
-                                  "shape": shape, "params": params}
+                       params: list[int], after: bool = False) -> Made:
+    data = {"share": share, "masked": masked, "rows": rows, "shape": shape, "params": params}
+    if after:
+        data["after"] = True
+    return "masked_fill_weight", data
 
 
 def stream_interleaved(*, shape: list[int], axis: int, stride: int, stream: int,
@@ -2394,6 +2405,10 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
 
 def feature_variance(*, fn: str, shape: list[int], penalty: str) -> Made:
     return "feature_variance", {"fn": fn, "shape": shape, "penalty": penalty}
+
+
+def spread_minimised(*, form: str, shape: list[int], params: list[int]) -> Made:
+    return "spread_minimised", {"form": form, "shape": shape, "params": params}
 
 
 def samples_pushed_up(*, fn: str, samples: int, pushed: int, above: float, consumers: int) -> Made:
@@ -2608,6 +2623,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "norm_batch": norm_batch,
     "samples_pushed_up": samples_pushed_up,
     "feature_variance": feature_variance,
+    "spread_minimised": spread_minimised,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "masked_fill_weight": masked_fill_weight,
@@ -2672,7 +2688,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

@@ -140,3 +140,60 @@ def test_orders_undone_shared_or_copied_are_left_alone():
         """
     for text in (together, undone, copied, no_backward):
         assert _reordered(text) == []
+
+
+def _beside(text):
+    import ast
+    import textwrap
+    from graddoctor.analysis.reorder import reordered_beside_kept
+    return reordered_beside_kept(ast.parse(textwrap.dedent(text)))
+
+
+def test_a_field_rebound_as_it_is_beside_reordered_ones_is_found_in_any_scope():
+    assert _beside("""
+        def cox(log_h, time, event):
+            order = torch.argsort(time, descending=True)
+            log_h, event = log_h[order], event
+            return log_h, event
+        """) == [(4, "order", ("log_h",), ("event",))]
+    assert _beside("""
+        perm = torch.randperm(n)
+        x, t, y = x.index_select(0, perm), t[perm], y
+        """) == [(3, "perm", ("x", "t"), ("y",))]
+    assert _beside("""
+        def f(s, y, m):
+            _, idx = torch.sort(s, descending=True)
+            s, y, m = s[idx], y, m[idx]
+        """) == [(4, "idx", ("s", "m"), ("y",))]
+
+
+def test_fields_reordered_together_or_kept_apart_from_any_order_are_left_alone():
+    assert _beside("""
+        def cox(log_h, time, event):
+            order = torch.argsort(time, descending=True)
+            log_h, event = log_h[order], event[order]
+            a, b = a, b
+            s, y_sorted = s[order], y[order]
+        """) == []
+    assert _beside("""
+        x, y = x[keep], y          # keep is no permutation made here
+        def g(x, y):
+            order = x.argsort()
+            return x[order], y     # not a rebinding
+        """) == []
+
+
+def test_the_rule_reports_the_statement_with_every_field_in_the_fix(tmp_path):
+    script = tmp_path / "cox.py"
+    script.write_text("import torch\n"
+                      "def loss(h, t, e):\n"
+                      "    order = torch.argsort(t, descending=True)\n"
+                      "    h, e = h[order], e\n"
+                      "    return (h * e).sum()\n")
+    t = builder()
+    t.path = str(script)
+    t.backward(fresh=[0, 1], line=5)
+    t.step(0, line=6)
+    f = only(t, SLUG)
+    assert f.location.line == 4 and "`e`" in f.message
+    assert "h, e = h[order], e[order]" in f.fix

@@ -12,7 +12,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from graddoctor import events as ev
-from graddoctor.instrument.attnaxis import SoftmaxAxisWatcher, masked_fill_weight
+from graddoctor.instrument.attnaxis import SoftmaxAxisWatcher, masked_after_softmax, masked_fill_weight
 from rule_traces import builder, findings, only
 
 SLUG = "masked-fill-keeps-weight"
@@ -124,3 +124,90 @@ def test_the_rule_warns_when_an_optimizer_trains_the_scores():
 
 def test_the_rule_is_silent_when_nothing_trained_makes_the_scores():
     assert findings(_trace([7]), SLUG) == []
+
+
+def _fill_node(weights):
+    node = weights.grad_fn
+    assert type(node).__name__.startswith("MaskedFillBackward")
+    return node
+
+
+@pytest.mark.parametrize("filled_of, log", [
+    (lambda s, m: F.softmax(s, dim=-1).masked_fill(m, 0.0), False),
+    (lambda s, m: F.log_softmax(s, dim=1).masked_fill(m, 0.0), True),
+    (lambda s, m: torch.log_softmax(s / 0.5, dim=-1).clone().masked_fill(m, 0.0), True),
+])
+def test_padding_taken_out_after_the_softmax_is_found(filled_of, log):
+    found = masked_after_softmax(_fill_node(filled_of(_scores(), _pad())), set())
+    assert found is not None
+    share, masked, rows, shape, softmax = found
+    assert rows == B - 1 and shape == (B, S) and 0.01 < share < 1 and 0 < masked < 1
+    assert type(softmax).__name__.startswith("LogSoftmaxBackward" if log else "SoftmaxBackward")
+
+
+def _one_hot_rows():
+    return F.one_hot(torch.arange(B) % S, S).bool()
+
+
+def _left_pad():
+    return _pad().flip(-1)
+
+
+@pytest.mark.parametrize("filled_of", [
+    lambda s, m: F.log_softmax(s.masked_fill(m, float("-inf")), dim=1).masked_fill(m, 0.0),
+    lambda s, m: F.softmax(s.masked_fill(m, -1e9), dim=-1).masked_fill(m, 0.0),
+    lambda s, m: F.softmax(s, dim=-1).masked_fill(_one_hot_rows(), 0.0),  # a class per row
+    lambda s, m: F.softmax(s, dim=-1).masked_fill(torch.rand(B, S) > 0.5, 0.0),  # no padding
+    lambda s, m: F.softmax(s.unsqueeze(1), dim=1).squeeze(1).masked_fill(m, 0.0),  # other axis
+    lambda s, m: (s * 2).masked_fill(m, 0.0),  # no softmax below
+])
+def test_fills_after_a_masked_softmax_or_of_no_padding_stay_silent(filled_of):
+    assert masked_after_softmax(_fill_node(filled_of(_scores(), _pad())), set()) is None
+
+
+def test_left_padding_is_padding_too():
+    filled = F.softmax(_scores(), dim=-1).masked_fill(_left_pad(), 0.0)
+    assert masked_after_softmax(_fill_node(filled), set()) is not None
+
+
+def test_the_watcher_skips_a_fill_renormalised_afterwards():
+    events = []
+
+    class _Rec:
+        from graddoctor.instrument.identities import Identities
+        tensors = Identities()
+
+        def here(self, skip=2):
+            return None
+
+        def emit_aside(self, made, loc=None):
+            events.append(made)
+
+        def internal_error(self, where, exc):
+            raise exc
+
+    watcher = SoftmaxAxisWatcher(_Rec())
+    w = F.softmax(_scores(), dim=-1).masked_fill(_pad(), 0.0)
+    watcher.describe_loss(((w / w.sum(-1, keepdim=True)) * torch.randn(B, S)).sum())
+    assert events == []
+    watcher.describe_loss((F.log_softmax(_scores(), dim=-1).masked_fill(_pad(), 0.0)).sum())
+    assert [made[0] for made in events] == ["masked_fill_weight"]
+    assert events[0][1]["after"] is True and events[0][1]["shape"] == [B, S]
+
+
+def test_the_rule_points_at_the_normaliser_when_the_fill_comes_after(tmp_path):
+    script = tmp_path / "listwise.py"
+    script.write_text("import torch\n"
+                      "s = torch.zeros(2, 3)\n"
+                      "log_p = torch.log_softmax(s, dim=1)\n"
+                      "loss = -log_p.masked_fill(s > 0, 0.0).sum()\n")
+    t = builder(params=[0, 1])
+    t.path = str(script)
+    t.put(ev.masked_fill_weight(share=0.3, masked=0.4, rows=5, shape=[6, 7], params=[0, 1],
+                                after=True), line=4)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert f.location.line == 3 and "log_softmax(s, dim=1)" in f.message
+    assert "30.0%" in f.message and "before the softmax" in f.fix

@@ -171,6 +171,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_pair_pull_reversed_batch_hard.py",  # pair_pull
             "losses/bad_norm_over_batch_unit_norm_mse.py",  # norm_batch
             "losses/bad_variance_across_features_vicreg.py",  # feature_variance
+            "losses/bad_loss_is_batch_spread_compactness.py",  # spread_minimised
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 
 # their tests/test_fixtures.py tests read the runs made here (conftest orders them after these)

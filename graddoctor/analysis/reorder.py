@@ -213,3 +213,34 @@ def _read_by_loss(statements: list[ast.stmt], fields: list[str], unpacked: int,
                 else:
                     carries.pop(name, None)
     return None
+
+
+def reordered_beside_kept(tree: ast.AST) -> list[tuple[int, str, list[str], list[str]]]:
+    """``(line, permutation, names reordered, names kept)`` for each tuple assignment that
+    rebinds some names to their rows in the order of a permutation made in the same scope and
+    rebinds another to itself, as it is (``log_h, event = log_h[order], event``): the fields of
+    one statement meant to be put in one order, one of them left behind. Any scope, not only a
+    training loop: a loss function that sorts its inputs (a Cox risk set, a ranking loss)."""
+    found = []
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        statements = [n for n in scope_walk(scope) if isinstance(n, ast.stmt)]
+        perms = {made[0] for s in statements if (made := _permutation(s)) is not None}
+        if not perms:
+            continue
+        for s in statements:
+            if not isinstance(s, ast.Assign) or len(s.targets) != 1:
+                continue
+            target, value = s.targets[0], s.value
+            if not isinstance(target, ast.Tuple) or not isinstance(value, ast.Tuple) \
+                    or len(target.elts) != len(value.elts) or len(target.elts) < 2 \
+                    or not all(isinstance(t, ast.Name) for t in target.elts):
+                continue
+            for perm in sorted(perms):
+                reordered = [t.id for t, v in zip(target.elts, value.elts) if _reindexed(v, perm) == t.id]
+                kept = [t.id for t, v in zip(target.elts, value.elts)
+                        if isinstance(v, ast.Name) and v.id == t.id]
+                if reordered and kept:
+                    found.append((s.lineno, perm, reordered, kept))
+                    break
+    return sorted(set((a, b, tuple(c), tuple(d)) for a, b, c, d in found))

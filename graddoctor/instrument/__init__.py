@@ -98,6 +98,7 @@ from .concave import ConcaveTermWatcher
 from .normbatch import NormBatchWatcher
 from .samplepush import SamplePushWatcher
 from .featurevar import FeatureVarianceWatcher
+from .spreadloss import SpreadLossWatcher
 from .anchors import AnchorAliasWatcher
 from .weightedits import WeightEditWatcher
 from .selfcopy import SelfCopyWatcher
@@ -322,6 +323,11 @@ class Instrumentation:
         feature_var = FeatureVarianceWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, feature_var.describe_loss)
         self.watchers.append(feature_var)
+        # a loss that is only a batch's spread around its own mean (loss-is-batch-spread): the
+        # loss's top walked at the first backwards
+        spread_loss = SpreadLossWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, spread_loss.describe_loss)
+        self.watchers.append(spread_loss)
         # a masked per-element loss averaged over every position, padding included
         # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
         masked_mean = MaskedMeanWatcher(rec)

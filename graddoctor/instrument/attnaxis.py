@@ -561,6 +561,76 @@ def masked_fill_weight(softmax):
     return share, masked, count, tuple(int(s) for s in result.shape)
 
 
+_AFTER_UP = 4  # operations followed from a masked_fill down to the softmax whose result it fills
+
+
+def _suffix_or_prefix(held) -> bool:
+    """Whether every row of a (rows, width) boolean mask holds its True positions together at
+    one end (padding on the right or on the left), and the rows do not all mask as many: the
+    lengths of padded lists or sequences, not one chosen class per row."""
+    width = held.shape[-1]
+    count = held.sum(1)
+    at = torch.arange(width)
+    right = held == (at[None, :] >= (width - count)[:, None])
+    left = held == (at[None, :] < count[:, None])
+    return bool((right.all(1) | left.all(1)).all()) and int(count.unique().numel()) >= 2
+
+
+def masked_after_softmax(fill, renormalised: set) -> tuple | None:
+    """``(share, masked, rows, shape, softmax node)`` when a ``masked_fill`` takes positions out
+    of the result of a softmax (or log_softmax) over the last axis, through clones and casts,
+    that normalised over them: the positions the mask takes out held ``share`` of the weight
+    (mean over the rows with masked and unmasked positions both). The mask must hold each row's
+    masked positions together at one end, with rows of different lengths (padding); a fill whose
+    result is divided again (``ids`` of the nodes in ``renormalised``: ``p / p.sum(-1)``) is a
+    renormalisation and is left out. None otherwise: the softmax's input was masked already
+    (the weight there is 0), the mask is no padding, the result is not on the CPU or too large."""
+    if id(fill) in renormalised:
+        return None
+    mask = _saved(fill, "_saved_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
+        return None
+    node = fill.next_functions[0][0] if fill.next_functions else None
+    for _ in range(_AFTER_UP):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name.startswith(("SoftmaxBackward", "LogSoftmaxBackward")):
+            break
+        if not name.startswith(("CloneBackward", "ToCopyBackward", "AliasBackward")):
+            return None
+        child = _only_child(node)
+        node = child[0] if child is not None else None
+    else:
+        return None
+    log = type(node).__name__.startswith("LogSoftmaxBackward")
+    dim = _saved(node, "_saved_dim")
+    result = _saved(node, "_saved_result")
+    if dim is None or not isinstance(result, torch.Tensor) or result.dim() < 1 \
+            or result.device.type != "cpu" or result.numel() > _FILL_CELLS \
+            or _signed(dim) % result.dim() != result.dim() - 1 or result.shape[-1] < 2:
+        return None
+    with torch.no_grad():
+        try:
+            full = torch.broadcast_to(mask, result.shape)
+        except RuntimeError:
+            return None
+        width = result.shape[-1]
+        weights = result.detach().reshape(-1, width).float()
+        if log:
+            weights = weights.exp()
+        held = full.reshape(-1, width)
+        some = held.any(1) & ~held.all(1)
+        count = int(some.sum())
+        if count < _FILL_ROWS or not _suffix_or_prefix(held[some]):
+            return None
+        share = float((weights[some] * held[some]).sum(1).mean())
+        if not share > FILL_KEPT:
+            return None
+        masked = float(held[some].float().mean(1).mean())
+    return share, masked, count, tuple(int(s) for s in result.shape), node
+
+
 def _cosine_operand(child, output: int, contracted: int) -> bool:
     """Whether a product's operand (``child``'s output ``output``, contracted over its dimension
     ``contracted`` counted from the end) is a tensor divided by its own norm over that dimension
@@ -652,8 +722,14 @@ class SoftmaxAxisWatcher:
             nodes = post_order(root, _NODES)
             if nodes is None:
                 continue
+            renormalised = {id(node.next_functions[0][0]) for node in nodes
+                            if type(node).__name__.startswith("DivBackward") and node.next_functions
+                            and node.next_functions[0][0] is not None}
             for node in nodes:
                 name = type(node).__name__
+                if name.startswith("MaskedFillBackward"):
+                    self._judge_fill_after(node, renormalised)
+                    continue
                 if name.startswith("SoftmaxBackward"):
                     self._judge_scale(node)
                     self._judge_fill(node)
@@ -730,6 +806,20 @@ class SoftmaxAxisWatcher:
         self.rec.emit_aside(ev.masked_fill_weight(share=share, masked=masked, rows=rows,
                                                   shape=list(shape),
                                                   params=self._params(softmax)),
+                            self.rec.here())
+
+    def _judge_fill_after(self, fill, renormalised: set) -> None:
+        found = masked_after_softmax(fill, renormalised)
+        if found is None:
+            return
+        share, masked, rows, shape, softmax = found
+        key = ("fill after", shape)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self.rec.emit_aside(ev.masked_fill_weight(share=share, masked=masked, rows=rows,
+                                                  shape=list(shape),
+                                                  params=self._params(softmax), after=True),
                             self.rec.here())
 
     def _judge_temperature(self, log_softmax) -> None:

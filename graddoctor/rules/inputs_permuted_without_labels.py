@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis.reorder import fields_reordered_apart
+from ..analysis.reorder import fields_reordered_apart, reordered_beside_kept
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
@@ -21,7 +21,11 @@ class InputsPermutedWithoutLabels(Rule):
     unpacked together (`feats, lengths, y = make_batch()`), some rebound in the order of a
     permutation (`lengths, order = lengths.sort(descending=True)` then `feats = feats[order]`,
     or `x = x[torch.randperm(len(x))]`) while another keeps the old order and a loss call reads
-    it (directly or through names assigned from it). It points at the reordering.
+    it (directly or through names assigned from it). It points at the reordering. In any
+    scope (a loss function that sorts its inputs, as a Cox risk set or a ranking loss does), a
+    tuple statement that rebinds some names to their rows in the order of a permutation made
+    there and another name to itself as it is (`log_h, event = log_h[order], event`) is reported
+    at that statement.
 
     ## Why is this bad?
     Row `i` of the output is scored against label `i`, which now belongs to another sample: the
@@ -48,7 +52,9 @@ class InputsPermutedWithoutLabels(Rule):
     `order.argsort()`, leaves the source's reading silent); `enforce_sorted=False` on an
     unsorted batch; a permuted copy kept under a new name (negatives, a shuffled partner);
     a permutation-invariant target (one value repeated); inputs that are not the batch's rows
-    (normalised, augmented).
+    (normalised, augmented); a tuple statement that reorders every field, keeps a sorted copy
+    under a new name, or indexes by something the scope did not make as a permutation (a
+    boolean mask).
     """
 
     code = "GD251"
@@ -88,6 +94,18 @@ class InputsPermutedWithoutLabels(Rule):
             packs = any(isinstance(n, ast.Attribute) and n.attr == "pack_padded_sequence"
                         or isinstance(n, ast.Name) and n.id == "pack_padded_sequence"
                         for n in ast.walk(tree))
+            for line, perm, moved, kept in reordered_beside_kept(tree):
+                names = ", ".join(f"`{n}`" for n in kept)
+                both = ", ".join([*moved, *kept])
+                yield self.finding(
+                    f"this statement puts {', '.join(f'`{n}`' for n in moved)} in the order of "
+                    f"`{perm}` and rebinds {names} beside it as it is: the rows that belonged "
+                    f"together are now paired with other rows, so each score meets another "
+                    f"sample's {kept[0]} and the loss trains on mismatched rows",
+                    Location(path, line),
+                    evidence={"permutation": perm, "left": list(kept), "reordered": list(moved)},
+                    fix=(f"index every field with `{perm}`: {both} = "
+                         + ", ".join(f"{n}[{perm}]" for n in [*moved, *kept])))
             for line, perm, left, loss_line, field in fields_reordered_apart(tree):
                 order = f"the order of `{perm}`" if perm else "a random order drawn here"
                 names = ", ".join(f"`{n}`" for n in left)

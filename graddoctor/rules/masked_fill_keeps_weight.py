@@ -25,6 +25,24 @@ def fill_line(a, path: str, ndim: int) -> tuple[int, str] | None:
     return line, written if "masked_fill" in written else text
 
 
+def normaliser_line(a, path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's softmax or log_softmax whose result a ``masked_fill``
+    fills afterwards: the call assigned to the name the fill is called on (``log_p =
+    F.log_softmax(s, dim=1)`` before ``log_p.masked_fill(pad, 0)``), or the fill's own line when
+    the softmax is inside it; the first such pair, None when the file holds none."""
+    normalisers = {"softmax", "log_softmax", "Softmax", "LogSoftmax"}
+    softmaxes = a.source.calls_named(path, normalisers)
+    for line, text, _ in a.source.calls_named(path, {"masked_fill", "masked_fill_"}):
+        head = text.split(".masked_fill")[0]
+        if "softmax" in head:
+            return line, a.source.line_text(path, line).split("  #")[0].strip()
+        receiver = head.strip()
+        for s_line, s_text, _ in reversed(softmaxes):
+            if s_line < line and a.source.assigned_name(path, s_line) == receiver:
+                return s_line, a.source.line_text(path, s_line).split("  #")[0].strip()
+    return None
+
+
 class MaskedFillKeepsWeight(Rule):
     """
     ## What it does
@@ -36,7 +54,13 @@ class MaskedFillKeepsWeight(Rule):
     such as a temperature) is compared with the mask that fill saved: over the rows that hold
     masked and unmasked positions both, the mean weight the softmax gives the masked ones. A
     mask that masks leaves them exactly 0 (`exp(-1e9)` underflows); reported when they keep
-    more than 1% of the weight, at the script's `masked_fill` line.
+    more than 1% of the weight, at the script's `masked_fill` line. The same weight is read
+    when the padding is taken out after the softmax instead: a `masked_fill` of a softmax's or
+    log_softmax's result over the last axis (`F.log_softmax(scores, 1).masked_fill(pad, 0)`,
+    a listwise ranking loss over padded lists, attention pooling) whose mask holds each row's
+    masked positions together at one end with rows of different lengths (padding), and whose
+    result is not divided again. Reported, at the softmax's line, when the padding held more
+    than 1% of the weight.
 
     ## Why is this bad?
     A mask before a softmax exists to take positions out: the padding of shorter sequences,
@@ -53,14 +77,25 @@ class MaskedFillKeepsWeight(Rule):
     weights = F.softmax(scores, dim=-1)
     ```
 
+    ```python
+    log_p = F.log_softmax(scores, dim=1)                # padded list slots normalised too
+    loss = -(target * log_p.masked_fill(pad, 0.0)).sum(1).mean()
+    ```
+
     ## Use instead
     ```python
     scores = scores.masked_fill(src_mask == 0, float("-inf"))  # or -1e9, torch.finfo(dtype).min
     weights = F.softmax(scores, dim=-1)
+    log_p = F.log_softmax(scores.masked_fill(pad, float("-inf")), dim=1)
+    loss = -(target * log_p.masked_fill(pad, 0.0)).sum(1).mean()
     ```
 
     ## Stays silent on
-    Fills of `-inf`, `-1e9`, `-1e4`, `torch.finfo(dtype).min` (the masked positions' weight
+    A fill after a softmax whose input was masked already (the `-inf` of the padding turned
+    into 0 so that `0 * -inf` makes no NaN), after a softmax renormalised over the real positions
+    (`w = w / w.sum(-1, keepdim=True)`), or of a mask that is no padding (each row's target
+    class, one position per row; positions scattered in the row). Fills of `-inf`, `-1e9`,
+    `-1e4`, `torch.finfo(dtype).min` (the masked positions' weight
     underflows to 0), however the scores are scaled after the fill; a mask with every position
     of a row masked (a fully padded row: NaN or uniform, not judged) and a mask that masks
     nothing at these batches; `masked_fill` of values that do not reach a softmax (a masked
@@ -86,6 +121,9 @@ class MaskedFillKeepsWeight(Rule):
             shape = list(e.get("shape") or ())
             if not pids or share is None or masked is None or not shape:
                 continue  # nothing trained makes the scores
+            if e.get("after"):
+                yield self._after(a, e, pids)
+                continue
             loc = e.loc
             line = fill_line(a, loc.path, len(shape)) if loc is not None else None
             if line is not None:
@@ -108,3 +146,23 @@ class MaskedFillKeepsWeight(Rule):
                           "shape": shape, "params": pids[:16]},
                 fix=("fill with float('-inf') or a large negative number (-1e9, "
                      "torch.finfo(scores.dtype).min) so the masked positions get no weight"))
+
+    def _after(self, a, e, pids):
+        share, masked, shape = e.get("share"), e.get("masked"), list(e.get("shape") or ())
+        loc = e.loc
+        line = normaliser_line(a, loc.path) if loc is not None else None
+        if line is not None:
+            loc = Location(loc.path, line[0])
+        written = f"`{line[1]}`" if line is not None else "this softmax"
+        return self.finding(
+            f"{written} normalises scores of shape {tuple(shape)} over every position, padding "
+            f"included, and a masked_fill takes the padding out of its result only afterwards: "
+            f"the padded positions held {share:.1%} of each row's weight ({masked:.0%} of the "
+            f"positions, {e.get('rows')} rows of different lengths read), so the real "
+            f"positions' probabilities sum to less than 1 and the loss trains the scores against "
+            f"padding it never sees",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"share": share, "masked": masked, "rows": e.get("rows"), "shape": shape,
+                      "params": pids[:16], "after": True},
+            fix=("mask the scores before the softmax (scores.masked_fill(pad, float('-inf'))); "
+                 "the fill after it can stay, to turn the padding's -inf into 0"))
