@@ -120,6 +120,18 @@ def test_a_product_with_targets_that_are_a_distribution_along_another_axis():
     assert _seen((weights * torch.log_softmax(_scores(), dim=1)).mean()) == []
 
 
+def test_a_per_sample_pick_that_indexes_the_normalised_axis_away():
+    # a distributional Q-network's (batch, actions, atoms) output, the taken action's row
+    # multiplied by a target distribution over the atoms
+    out = torch.randn(4, 2, 5, requires_grad=True) * 1.0
+    rows, actions = torch.arange(4), torch.tensor([0, 1, 1, 0])
+    target = torch.softmax(torch.randn(4, 5), -1)
+    bad = _seen(-(target * torch.log_softmax(out, dim=1)[rows, actions]).sum(-1).mean())
+    assert bad == [{"fn": "log_softmax", "shape": [4, 2, 5], "dim": 1, "picked": 2, "how": "target"}]
+    assert _seen(-(target * torch.log_softmax(out, dim=-1)[rows, actions]).sum(-1).mean()) == []
+    assert _seen(-(torch.rand(4, 5) * torch.log_softmax(out, dim=1)[rows, actions]).sum(-1).mean()) == []
+
+
 def test_the_value_tests():
     index = torch.tensor([[[0], [1]], [[2], [2]]])
     assert varies_along(index, 1) and not varies_along(index, 2)

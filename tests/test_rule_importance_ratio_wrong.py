@@ -228,3 +228,57 @@ def test_the_rule_words_an_inverted_ips_weight_for_probabilities():
     t.put(ev.ratio_fault(fault="inverted", dist="softmax", params=[0], backward=16), line=14)
     f = only(t, SLUG)
     assert "p_logged / p" in f.message and "pi_a / propensity" in f.fix
+
+
+# --- the source pass: ratios made without gradient, read from the script's text -------------
+
+import pytest  # noqa: E402
+
+from graddoctor.analysis.importance_ratio import inverted_importance_ratios  # noqa: E402
+
+
+@pytest.mark.parametrize("text, found", [
+    ("log_rhos = behaviour_logp - target_logp\n", [(1, "log_rhos", "behaviour_logp", "target_logp")]),
+    ("ratio = torch.exp(old_logp - logp)\n", [(1, "ratio", "old_logp", "logp")]),
+    ("ratio = (b_logprobs[mb] - newlogprob).exp()\n", [(1, "ratio", "b_logprobs", "newlogprob")]),
+    ("rho = mu_probs / pi_probs\n", [(1, "rho", "mu_probs", "pi_probs")]),
+    ("is_weights = torch.clamp(torch.exp(mu_logp - logp), max=1.0)\n", [(1, "is_weights", "mu_logp", "logp")]),
+    ("rhos = torch.minimum(torch.exp(behaviour_log_probs - target_log_probs), one)\n",
+     [(1, "rhos", "behaviour_log_probs", "target_log_probs")]),
+])
+def test_source_reads_a_ratio_written_behaviour_over_current(tmp_path, text, found):
+    path = tmp_path / "ratio.py"
+    path.write_text(text)
+    assert [(l, t, b, c) for l, _, t, b, c in inverted_importance_ratios(str(path))] == found
+
+
+@pytest.mark.parametrize("text", [
+    "log_rhos = target_logp - behaviour_logp\n",
+    "ratio = torch.exp(logp - old_logp)\n",
+    "logratio = newlogprob - b_logprobs[mb_inds]\n",
+    "ratio = new_probs / old_probs\n",
+    "ratio = torch.exp(ref_logps - logps)\n",  # a reference model: a KL term
+    "approx_kl = (old_logp - logp).mean()\n",  # no ratio
+    "ratio = torch.exp(old_values - values)\n",  # no policy
+])
+def test_source_reads_right_ratios_and_other_differences_as_nothing(tmp_path, text):
+    path = tmp_path / "ratio.py"
+    path.write_text(text)
+    assert inverted_importance_ratios(str(path)) == []
+
+
+def test_source_finding_at_the_ratio_line_once_the_file_ran_a_backward(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+
+    script = tmp_path / "vtrace.py"
+    script.write_text("import torch\nlog_rhos = behaviour_logp - target_logp\n")
+    rule = find_rule(SLUG)()
+    b = TraceBuilder(path=str(script))
+    b.optimizer(0, [0], line=1)
+    assert list(rule.check(Analysis(b.trace))) == []
+    b.backward(fresh=[0], line=2)
+    found = list(rule.check(Analysis(b.trace)))
+    assert [f.location.line for f in found] == [2]
+    assert "`target_logp` minus" in found[0].fix

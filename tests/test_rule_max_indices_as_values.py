@@ -69,3 +69,24 @@ def test_the_rule_reports_the_producer_line_once_a_backward_ran(tmp_path):
     (f,) = [f for f in report.findings if f.rule == SLUG]
     assert f.severity is Severity.WARNING and f.location.line == 9
     assert f.evidence["use"] == "target" and "`t(s2).max(1)[0]`" in f.fix
+
+
+def test_a_name_a_function_assigns_stays_in_that_function(tmp_path):
+    # an environment's step turns a one-hot action's position into a move: its `obs` is not the
+    # training loop's `obs` that a world model's loss reads
+    assert _read(tmp_path, """\
+        def env_step(pos, a):
+            pos = pos + (a.argmax(-1).float() * 2 - 1) * 0.2
+            obs = torch.cat([pos[:, None], torch.sin(pos[:, None])], -1)
+            return pos, obs
+
+        obs = collect()
+        loss = F.mse_loss(model(obs), obs)
+        """) == []
+    # a module-level value read in a function is still followed
+    assert [use for _, _, use, _ in _read(tmp_path, """\
+        nxt = target(s2).max(1)[1]
+        y = r + 0.99 * nxt
+        def update():
+            return F.mse_loss(q, y)
+        """)] == ["target"]

@@ -4898,12 +4898,31 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
             floats.update(name.id for name, value in pairs if isinstance(name, ast.Name)
                           and isinstance(value, ast.Constant) and isinstance(value.value, float)
                           and not value.value.is_integer())
-    indices: dict[str, tuple[int, str]] = {}  # name -> (line, producer)
+    # a name assigned in a function is that function's own: its values do not reach a name of
+    # the same spelling elsewhere (an environment's ``obs`` inside ``env_step`` is not the
+    # training loop's); a name a function only reads is the module's
+    scope_of: dict = {}
+    for fn in walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in walk(fn):
+                scope_of[id(sub)] = fn  # ast.walk goes outer first: the innermost stays
+    local: dict = {}
+    for n in assigns:
+        for t in n.targets:
+            for name in walk(t):
+                if isinstance(name, ast.Name):
+                    local.setdefault(scope_of.get(id(n)), set()).add(name.id)
+
+    def key(node, name):
+        scope = scope_of.get(id(node))
+        return (scope if scope is not None and name in local.get(scope, ()) else None, name)
+
+    indices: dict[tuple, tuple[int, str]] = {}  # (scope, name) -> (line, producer)
     for n in assigns:
         if len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             text = _index_producer(n.value)
             if text is not None:
-                indices[n.targets[0].id] = (n.lineno, text)
+                indices[key(n, n.targets[0].id)] = (n.lineno, text)
 
     def producer_in(node):
         """The positions ``node`` carries as values: through arithmetic and dtype or shape
@@ -4912,7 +4931,7 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
         if text is not None:
             return node.lineno, text
         if isinstance(node, ast.Name):
-            return indices.get(node.id)
+            return indices.get(key(node, node.id))
         if isinstance(node, ast.BinOp):
             return producer_in(node.left) or producer_in(node.right)
         if isinstance(node, ast.UnaryOp):
@@ -4923,7 +4942,7 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
 
     found: list = []
     # values made from positions by float arithmetic: name -> (producer line, text)
-    valued: dict[str, tuple[int, str]] = {}
+    valued: dict[tuple, tuple[int, str]] = {}
     for n in assigns:
         value = n.value
         arithmetic = [b for b in walk(value) if isinstance(b, ast.BinOp)
@@ -4935,25 +4954,27 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
                 if source is not None and _float_literal(other, floats):
                     hit = source
                     break
-                if isinstance(side, ast.Name) and side.id in valued:
-                    hit = valued[side.id]
+                if isinstance(side, ast.Name) and key(side, side.id) in valued:
+                    hit = valued[key(side, side.id)]
                     break
             if hit:
                 break
         if hit is None:
-            names = {s.id for s in walk(value) if isinstance(s, ast.Name)} & set(valued)
-            hit = valued[next(iter(sorted(names)))] if names and arithmetic else None
+            names = sorted({key(s, s.id) for s in walk(value) if isinstance(s, ast.Name)} & set(valued),
+                           key=lambda k: k[1])
+            hit = valued[names[0]] if names and arithmetic else None
         if hit is not None:
             for t in n.targets:
                 if isinstance(t, ast.Name):
-                    valued[t.id] = hit
+                    valued[key(n, t.id)] = hit
     for call in walk(tree):
         if not (isinstance(call, ast.Call) and _is_loss_call(call)):
             continue
         for arg in list(call.args) + [k.value for k in call.keywords]:
-            names = {s.id for s in walk(arg) if isinstance(s, ast.Name)} & set(valued)
+            names = sorted({key(s, s.id) for s in walk(arg) if isinstance(s, ast.Name)} & set(valued),
+                           key=lambda k: k[1])
             if names:
-                line, text = valued[sorted(names)[0]]
+                line, text = valued[names[0]]
                 found.append((line, text, "target", call.lineno))
                 break
     for cmp in walk(tree):

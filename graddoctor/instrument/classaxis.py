@@ -18,7 +18,10 @@ walked once (at most ``_NODES`` nodes) for the two ways a loss reads the target'
   is left alone.
 * ``MulBackward0`` of such a (log-)softmax result by a tensor without gradient of the same
   shape that is a distribution over another axis ``a`` (its values at least 0, summing to 1
-  along ``a``, a one-hot mask or soft targets) and not over ``d``.
+  along ``a``, a one-hot mask or soft targets) and not over ``d``; or of such a result indexed
+  per sample on its leading axes, ``d`` among them (``log_softmax(out, dim=1)[arange(B), a]``
+  of a distributional Q-network's (batch, actions, atoms) output), by a distribution along a
+  remaining axis: each row is then one entry of distributions over the indexed axis.
 
 Each finding becomes a ``class_axis`` aside event (the function, the scores' shape, the axis
 normalised, the axis the target picks, how) at the backward's line; the rule finds the call in
@@ -160,18 +163,56 @@ class ClassAxisWatcher:
         for mine, other, name in ((0, 1, "_saved_other"), (1, 0, "_saved_self")):
             if edges[mine][0] is None or edges[other][0] is not None:
                 continue
+            target = saved(node, name)
+            if not isinstance(target, torch.Tensor) or target.requires_grad or target.numel() > _VALUES:
+                continue
             found = _normaliser(edges[mine][0])
             if found is None:
+                self._picked_rows(edges[mine][0], target)
                 continue
             fn, softmax = found
             axis = _softmax_axis(softmax)
-            target = saved(node, name)
-            if axis is None or not isinstance(target, torch.Tensor) or target.requires_grad:
+            if axis is None:
                 continue
             d, shape = axis
-            if tuple(target.shape) != shape or target.numel() > _VALUES:
+            if tuple(target.shape) != shape:
                 continue
             axes = distribution_axis(target.detach())
             if len(axes) != 1 or d in axes:
                 continue  # a distribution along the normalised axis, or along several (a permutation)
             self._emit(fn, shape, d, axes.pop(), "target")
+
+    def _picked_rows(self, node, target: torch.Tensor) -> None:
+        """A (log-)softmax over axis ``d`` indexed per sample on its leading axes, ``d`` among
+        them (``log_softmax(out, dim=1)[arange(B), actions]`` of (B, actions, atoms) scores),
+        multiplied by a distribution along a remaining axis: each row read is one entry of
+        distributions over the indexed axis, not a distribution over the target's axis."""
+        for _ in range(_DEPTH):
+            if node is None or type(node).__name__ == "IndexBackward0":
+                break
+            children = [child for child, _ in node.next_functions if child is not None]
+            name = type(node).__name__
+            if name not in _IN_PLACE and not (name in _ONE_OPERAND and len(children) == 1):
+                return
+            node = children[0] if children else None
+        if node is None or type(node).__name__ != "IndexBackward0" or not node.next_functions:
+            return
+        found = _normaliser(node.next_functions[0][0])
+        indices = saved(node, "_saved_indices")
+        if found is None or not isinstance(indices, (list, tuple)) or not indices:
+            return
+        fn, softmax = found
+        axis = _softmax_axis(softmax)
+        if axis is None:
+            return
+        d, shape = axis
+        k = len(indices)
+        if not all(isinstance(i, torch.Tensor) and i.dim() == 1 and not i.is_floating_point()
+                   and i.dtype != torch.bool and i.shape == indices[0].shape for i in indices):
+            return  # only per-sample picks on the leading axes, one index tensor each
+        if d >= k or k >= len(shape) or tuple(target.shape) != (indices[0].shape[0], *shape[k:]):
+            return
+        axes = distribution_axis(target.detach())
+        if len(axes) != 1 or 0 in axes:
+            return
+        self._emit(fn, shape, d, axes.pop() - 1 + k, "target")

@@ -47,8 +47,11 @@ class ClassAxisMismatch(Rule):
     arithmetic with a number) a softmax or log-softmax over another axis than the gather's,
     with an index that holds a different class at each position of the normalised axis; or
     such a result multiplied by a tensor without gradient that is a distribution (values at
-    least 0, summing to 1) along another axis than the normalised one. Reported at the
-    softmax call with that dim in the script.
+    least 0, summing to 1) along another axis than the normalised one; or such a result indexed
+    per sample on its leading axes, the normalised one among them, then multiplied by a
+    distribution along a remaining axis (a C51 critic's `log_softmax(out, dim=1)` on (batch,
+    actions, atoms) output, the taken action's row `[arange(B), actions]` times the projected
+    target over the atoms). Reported at the softmax call with that dim in the script.
 
     ## Why is this bad?
     The loss means to read each position's probability of its target class, which needs the
@@ -76,7 +79,9 @@ class ClassAxisMismatch(Rule):
     over another axis whose index is the same along the normalised axis (the last step of each
     sequence, a row of a distribution: whole distributions picked); a spatial soft-argmax
     multiplied by a coordinate grid; attention weights; `log_softmax(dim=2)` on CTC's
-    (T, B, C) input; a target that is a distribution along several axes (a permutation, an
+    (T, B, C) input; a per-sample pick of the normalised axis's rows after a softmax over the
+    remaining axis (a per-action distribution over the atoms); a target that is a distribution
+    along several axes (a permutation, an
     assignment); losses given the scores straight (`nll_loss`, `cross_entropy`: their class
     axis is `loss-input-mismatch`'s); a softmax over the batch, or a soft target
     normalised over the batch (a teacher's `softmax(t, dim=0)`), `softmax-over-batch`'s. Not seen: the scores permuted or reshaped between the

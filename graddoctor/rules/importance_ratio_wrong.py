@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.importance_ratio import inverted_importance_ratios
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -44,7 +45,11 @@ class ImportanceRatioWrong(Rule):
     two sides of each compared. It points at the line that makes the old log-probability or the
     ratio (for an inverted ratio written as the exp of a log-ratio, the difference), following a
     log-probability that a helper returns (an agent's `get_action_and_value`) to the name its
-    call assigns it to.
+    call assigns it to. A ratio or rho assigned the behaviour policy's log-probability minus the
+    current one's (`log_rhos = behaviour_logp - target_logp`, `ratio = (old_logp - logp).exp()`,
+    `mu_probs / pi_probs`) is also read from the script's source, in the files whose backwards
+    ran: the weights made without gradient (V-trace's and Retrace's truncated ratios, computed
+    under `no_grad`) never show in the loss's graph.
 
     ## Why is this bad?
     The ratio is how the policy's gradient enters PPO's clipped objective: its numerator must be
@@ -80,7 +85,9 @@ class ImportanceRatioWrong(Rule):
     proposal at a sample that carries gradient (IWAE); exps of values no optimizer steps;
     log-probabilities made neither by `torch.distributions` nor by gathering a `log_softmax`
     (`take_along_dim`, a log-probability of the script's own); an IPS weight written right,
-    `probs.gather(1, a) / propensity` or `exp(log_pi_a - log(propensity))`.
+    `probs.gather(1, a) / propensity` or `exp(log_pi_a - log(propensity))`; in the source, KL
+    estimates (`approx_kl = (old_logp - logp).mean()`), a reference model's ratio and values
+    that name no policy (`old_values - values`).
     """
 
     code = "GD147"
@@ -93,6 +100,30 @@ class ImportanceRatioWrong(Rule):
            "ratio = torch.exp(logp - old_logp)")
 
     def check(self, a):
+        reported = set()
+        for finding in self._from_graph(a):
+            if finding.location is not None:
+                reported.add((finding.location.path, finding.location.line))
+            yield finding
+        # a ratio made without gradient (V-trace's and Retrace's truncated weights, computed
+        # under no_grad) leaves no trace in the loss's graph: its text is all there is
+        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None})
+        for path in paths:
+            for line, text, target, behaviour, current in inverted_importance_ratios(a.source.full(path)):
+                if (path, line) in reported:
+                    continue
+                yield self.finding(
+                    f"the importance ratio is inverted (`{text}`): `{target}` is the behaviour "
+                    f"policy `{behaviour}` over the current one `{current}`, where importance "
+                    f"sampling weighs by the current policy over the one that acted, so actions the "
+                    f"policy now prefers get less weight and those it avoids more (and a "
+                    f"truncation clips the wrong transitions)",
+                    Location(path, line, None),
+                    evidence={"fault": "inverted", "source": True, "ratio": target,
+                              "behaviour": behaviour, "current": current},
+                    fix=f"swap the two sides: `{current}` minus (or over) `{behaviour}`")
+
+    def _from_graph(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
         for e in a.of_kind("ratio_fault"):
             fault = e.get("fault")

@@ -43,8 +43,9 @@ class MaxIndicesAsValues(Rule):
     target, pseudo-labels), compared with labels (`argmax(1) == y`) or with an integer class
     (`argmax(1) > 0`: foreground); index arithmetic with integers (`idx * n + k`); a value
     decoded from a class index (`idx * 0.1 + lo`) that never reaches a loss; `values, indices
-    = x.max(1)` unpacked by name. Not seen: a use through a function the positions are passed
-    to, or in another file than the script.
+    = x.max(1)` unpacked by name; a name a function assigns (an environment's `obs` made from an
+    action number in its `step`) against a name of the same spelling outside it. Not seen: a use
+    through a function the positions are passed to, or in another file than the script.
     """
 
     code = "GD143"
