@@ -63,7 +63,9 @@ class SampledNegativesPushedUp(Rule):
     random integer draws (`torch.randint`, `multinomial`, `randperm`, numpy's `randint` /
     `choice`) are remembered for the first backwards; an embedding lookup whose indices are a
     draw made since the previous backward (or agree with one at 40% of their positions: a
-    corruption of part of a batch) reads *drawn* rows. Each score of looked-up embeddings the
+    corruption of part of a batch; or are a draw read through an integer table the calling
+    frames hold: word2vec's unigram^0.75 noise table `table[np.random.randint(0, len(table),
+    k)]`, the data's pairs `pairs[idx, 0]`) reads *drawn* rows. Each score of looked-up embeddings the
     loss holds (a dot product, `bmm`, an einsum; a vector norm, `cdist`, a sum of squared
     differences) gets a node hook that reads the loss's gradient on it. The negatives are the
     scores that read a draw the other scores do not (when the data's rows are drawn at random
