@@ -284,3 +284,19 @@ def test_a_draw_read_through_a_noise_table_or_a_pair_arrays_column_is_that_draw(
     # a draw past every table's end reads no table
     big = [[8, 1, draw + 100, None, "randint"]]
     assert negsample.NegativeSampleWatcher._through_tables(table[draw], big, tables) == []
+
+
+def test_the_negatives_term_with_the_positives_sign_is_found_in_the_source():
+    import ast
+
+    from graddoctor.rules.sampled_negatives_pushed_up import _negatives_term_unnegated
+    right = ("pos = F.logsigmoid(pos_score)\nneg = F.logsigmoid(-1 * neg_score)\n"
+             "alt = F.softplus(noise_score)\n")
+    assert _negatives_term_unnegated(ast.parse(right)) is None
+    assert _negatives_term_unnegated(ast.parse(right.replace("-1 * neg_score", "neg_score"))) == \
+        (2, "F.logsigmoid(neg_score)")
+    assert _negatives_term_unnegated(ast.parse(right.replace("softplus(noise_score)", "softplus(-noise_score)"))) == \
+        (3, "F.softplus(-noise_score)")
+    # two reversed terms: no one line to name
+    both = right.replace("-1 * neg_score", "neg_score").replace("softplus(noise_score)", "softplus(-noise_score)")
+    assert _negatives_term_unnegated(ast.parse(both)) is None
