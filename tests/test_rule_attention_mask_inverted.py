@@ -101,8 +101,8 @@ def test_a_mask_passed_down_among_others_is_reported_where_the_loop_compares_it(
     from graddoctor.trace import TraceBuilder
     script = tmp_path / "mt.py"
     script.write_text("def forward(s, t, src_pad, tgt_pad):\n"
-                      "    return core(s, t, src_key_padding_mask=src_pad,\n"
-                      "                tgt_key_padding_mask=tgt_pad)\n"
+                      "    return core(s, t,\n"
+                      "                src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)\n"
                       "src_pad = src == PAD\n"
                       "tgt_pad = tgt != PAD\n"
                       "forward(src, tgt, src_pad, tgt_pad)\n")

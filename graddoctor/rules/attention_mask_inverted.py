@@ -20,7 +20,7 @@ def _mask_origin(a, loc, convention=None):
     if len(given) != 1:
         return _passed_mask_origin(a, loc, convention) or loc
     made = a.source.value_origin(loc.path, loc.line, given[0])
-    return Location(loc.path, made[0]) if made else (_passed_mask_origin(a, loc, convention) or loc)
+    return Location(loc.path, made[0]) if made else loc
 
 
 # a padding mask's comparison, by the side it marks True
@@ -30,10 +30,10 @@ _MARKS_PADDING = re.compile(r"==|\.eq\(|\beq\(")
 
 def _passed_mask_origin(a, loc, convention):
     """Where the one mask of the call spanning ``loc`` that compares ids the inverted way is
-    built, for a call given several masks (``src_key_padding_mask=src_pad,
-    tgt_key_padding_mask=tgt_pad``) or masks it gets as its function's parameters and the
-    script assigns once elsewhere in the file (``tgt_pad = tgt_in != PAD`` in the training loop);
-    None when not exactly one."""
+    built, for a call given several masks on its line (``src_key_padding_mask=src_pad,
+    tgt_key_padding_mask=tgt_pad``), each followed to its assignment, or, for a mask the call
+    gets as its function's parameter, to the one assignment of that name in the file
+    (``tgt_pad = tgt_in != PAD`` in the training loop); None when not exactly one."""
     tree = a.source.tree(loc.path)
     if tree is None:
         return None
@@ -65,8 +65,9 @@ class AttentionMaskInverted(Rule):
     against the token batch embedded just before, whose shorter rows are filled with the
     embedding's `padding_idx` or with one filler id. It points at the statement that builds
     the mask given by name (`pad_mask = ids != PAD`: the comparison to flip; for a call given
-    several masks, or masks it gets as its function's parameters from the training loop, the one
-    whose comparison marks the wrong side), else at the attention call.
+    several masks on its line, followed to their assignments, or to the training loop's for
+    masks the call gets as its function's parameters: the one whose comparison marks the wrong
+    side), else at the attention call.
 
     ## Why is this bad?
     The two APIs read a boolean mask the opposite way: `key_padding_mask` (and
