@@ -92,3 +92,23 @@ def test_the_rule_reports_at_the_attention_call_in_the_conventions_words():
     assert "leaves out the positions that are True" in found[0].message
     assert "keeps the positions that are True" in found[1].message and "63" in found[1].message
     assert findings(builder(), SLUG) == []
+
+
+def test_a_mask_passed_down_among_others_is_reported_where_the_loop_compares_it(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.location import Location
+    from graddoctor.rules.attention_mask_inverted import _mask_origin
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "mt.py"
+    script.write_text("def forward(s, t, src_pad, tgt_pad):\n"
+                      "    return core(s, t,\n"
+                      "                src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)\n"
+                      "src_pad = src == PAD\n"
+                      "tgt_pad = tgt != PAD\n"
+                      "forward(src, tgt, src_pad, tgt_pad)\n")
+    a = Analysis(TraceBuilder(str(script)).trace)
+    at = Location(str(script), 3)
+    assert _mask_origin(a, at, "True leaves out").line == 5
+    # both masks compared the same way: no one line to change, the call stays the place
+    script.write_text(script.read_text().replace("src == PAD", "src != PAD"))
+    assert _mask_origin(Analysis(TraceBuilder(str(script)).trace), at, "True leaves out").line == 3

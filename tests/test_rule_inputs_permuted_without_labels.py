@@ -197,3 +197,19 @@ def test_the_rule_reports_the_statement_with_every_field_in_the_fix(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 4 and "`e`" in f.message
     assert "h, e = h[order], e[order]" in f.fix
+def test_a_collate_function_building_fields_in_two_orders_is_read_from_its_source():
+    import ast
+
+    from graddoctor.analysis.reorder import collate_fields_apart
+    src = ("def collate(batch):\n"
+           "    order = sorted(range(len(batch)), key=lambda i: len(batch[i][0]), reverse=True)\n"
+           "    seqs = [batch[i][0] for i in order]\n"
+           "    lengths = torch.tensor([len(s) for s in seqs])\n"
+           "    labels = torch.tensor([y for _, y in batch])\n"
+           "    return pad(seqs), lengths, labels\n")
+    assert collate_fields_apart(ast.parse(src)) == [(5, "labels", "batch", "order", ("seqs",))]
+    # every field in the order, the order returned to put outputs back, a label never returned
+    same = src.replace("[y for _, y in batch]", "[batch[i][1] for i in order]")
+    assert collate_fields_apart(ast.parse(same)) == []
+    assert collate_fields_apart(ast.parse(src.replace("lengths, labels\n", "lengths, labels, order\n"))) == []
+    assert collate_fields_apart(ast.parse(src.replace("lengths, labels\n", "lengths\n"))) == []

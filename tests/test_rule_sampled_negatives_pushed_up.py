@@ -266,3 +266,37 @@ def test_binary_labels_built_the_other_way_round_are_read_for_the_line(tmp_path,
 ])
 def test_right_orders_gan_targets_and_unnamed_blocks_give_no_line(tmp_path, text):
     assert _labels_read(tmp_path, text) == []
+
+
+def test_a_draw_read_through_a_noise_table_or_a_pair_arrays_column_is_that_draw():
+    import numpy as np
+    torch.manual_seed(0)
+    table = torch.from_numpy(np.repeat(np.arange(10), np.arange(1, 11)))  # a unigram table
+    pairs = torch.randint(0, 10, (50, 2))
+    draw = torch.randint(0, 50, (32,))
+    fresh = [[7, 1, draw, None, "randint"]]
+    tables = [table, pairs]
+    assert negsample.NegativeSampleWatcher._through_tables(table[draw], fresh, tables) == [7]
+    assert negsample.NegativeSampleWatcher._through_tables(pairs[draw, 1], fresh, tables) == [7]
+    # the table's rows at other indices, or a lookup of another size: not that draw
+    assert negsample.NegativeSampleWatcher._through_tables(table[(draw + 17) % 50], fresh, tables) == []
+    assert negsample.NegativeSampleWatcher._through_tables(table[draw[:16]], fresh, tables) == []
+    # a draw past every table's end reads no table
+    big = [[8, 1, draw + 100, None, "randint"]]
+    assert negsample.NegativeSampleWatcher._through_tables(table[draw], big, tables) == []
+
+
+def test_the_negatives_term_with_the_positives_sign_is_found_in_the_source():
+    import ast
+
+    from graddoctor.rules.sampled_negatives_pushed_up import _negatives_term_unnegated
+    right = ("pos = F.logsigmoid(pos_score)\nneg = F.logsigmoid(-1 * neg_score)\n"
+             "alt = F.softplus(noise_score)\n")
+    assert _negatives_term_unnegated(ast.parse(right)) is None
+    assert _negatives_term_unnegated(ast.parse(right.replace("-1 * neg_score", "neg_score"))) == \
+        (2, "F.logsigmoid(neg_score)")
+    assert _negatives_term_unnegated(ast.parse(right.replace("softplus(noise_score)", "softplus(-noise_score)"))) == \
+        (3, "F.softplus(-noise_score)")
+    # two reversed terms: no one line to name
+    both = right.replace("-1 * neg_score", "neg_score").replace("softplus(noise_score)", "softplus(-noise_score)")
+    assert _negatives_term_unnegated(ast.parse(both)) is None

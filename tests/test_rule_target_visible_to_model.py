@@ -398,3 +398,35 @@ def test_rollout_target_read_at_the_states_own_index():
     # another array (targets shifted once) or another position is silent
     assert rollout_targets_unshifted(ast.parse(src.replace("traj[idx, t0 + k]", "targets[idx, t0 + k]"))) == []
     assert rollout_targets_unshifted(ast.parse(src.replace("traj[idx, t0 + k]", "traj[t0 + k, idx]"))) == []
+
+
+# -- a hand-written label smoothing's target distribution, and a mask bound to None ---------------
+
+def test_a_smoothed_target_distribution_is_read_as_its_classes():
+    from graddoctor.instrument.dependency import _IGNORED, _class_ids
+    target = torch.tensor([3, 1, 0, 4])
+    dist = torch.full((4, 6), 0.1 / 4)
+    dist.scatter_(1, target[:, None], 0.9)
+    dist[:, 0] = 0
+    dist[target == 0] = 0  # padding rows zeroed, as the Annotated Transformer does
+    assert _class_ids(dist).tolist() == [3, 1, _IGNORED, 4]
+    assert _class_ids(torch.full((4, 6), 1 / 6)) is None  # no top class: no target to read
+    assert _class_ids(torch.randn(4, 6)) is None  # not a distribution
+    assert _class_ids(torch.zeros(4, 6)) is None  # mostly padding
+
+
+def test_a_causal_mask_bound_to_none_in_the_loop_is_where_the_leak_is(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.target_visible_to_model import _mask_set_to_none
+    script = tmp_path / "mt.py"
+    call = "def f(m, s, t, tgt_mask):\n    return m(s, t,\n             tgt_mask=tgt_mask)\n"
+    script.write_text(call + "tgt_mask = None\ny = f(1, 2, 3, tgt_mask)\n")
+    a = Analysis(TraceBuilder(str(script)).trace)
+    where, name = _mask_set_to_none(a, str(script), 2, "tgt_mask")
+    assert (where.line, name) == (4, "tgt_mask")
+    # bound to a mask as well (None only at inference, say): the call is still the place
+    script.write_text(call + "tgt_mask = None\ntgt_mask = make_mask(5)\n")
+    assert _mask_set_to_none(Analysis(TraceBuilder(str(script)).trace), str(script), 2, "tgt_mask") is None
+    # the keyword given no name
+    script.write_text("y = m(s, t, tgt_mask=None)\n")
+    assert _mask_set_to_none(Analysis(TraceBuilder(str(script)).trace), str(script), 1, "tgt_mask") is None

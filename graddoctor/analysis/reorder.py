@@ -244,3 +244,100 @@ def reordered_beside_kept(tree: ast.AST) -> list[tuple[int, str, list[str], list
                     found.append((s.lineno, perm, reordered, kept))
                     break
     return sorted(set((a, b, tuple(c), tuple(d)) for a, b, c, d in found))
+# -- a collate function that builds its fields from a list of examples in two orders -------------
+
+def _order_of(stmt: ast.stmt) -> tuple[str, str] | None:
+    """``(order's name, the examples' list)`` when ``stmt`` assigns the indices of a list in a
+    sorted order (``order = sorted(range(len(batch)), key=...)``, ``np.argsort(lengths)`` of
+    lengths read from the list is not followed)."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 \
+            or not isinstance(stmt.targets[0], ast.Name) or not isinstance(stmt.value, ast.Call):
+        return None
+    call = stmt.value
+    if _last(call.func) != "sorted" or not call.args:
+        return None
+    first = call.args[0]
+    if isinstance(first, ast.Call) and _last(first.func) == "range" and len(first.args) == 1 \
+            and isinstance(first.args[0], ast.Call) and _last(first.args[0].func) == "len" \
+            and first.args[0].args and isinstance(first.args[0].args[0], ast.Name):
+        return stmt.targets[0].id, first.args[0].args[0].id
+    return None
+
+
+def _comprehension_order(expr: ast.AST, examples: str, order: str) -> str | None:
+    """'order' when the comprehensions of ``expr`` iterate ``order`` and read ``examples[i]``,
+    'kept' when they iterate ``examples`` itself, None otherwise (or both)."""
+    kinds = set()
+    for node in ast.walk(expr):
+        if not isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            continue
+        for gen in node.generators:
+            it = gen.iter
+            if isinstance(it, ast.Name) and it.id == order:
+                kinds.add("order")
+            elif isinstance(it, ast.Name) and it.id == examples:
+                kinds.add("kept")
+            elif isinstance(it, ast.Call) and _last(it.func) in ("enumerate", "zip") and \
+                    any(isinstance(a, ast.Name) and a.id == examples for a in it.args):
+                kinds.add("kept")
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _built(stmt: ast.stmt, examples: str, order: str) -> tuple[str, str] | None:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+            and isinstance(stmt.targets[0], ast.Name):
+        kind = _comprehension_order(stmt.value, examples, order)
+        if kind is not None:
+            return stmt.targets[0].id, kind
+    return None
+
+
+def collate_fields_apart(tree: ast.AST) -> list[tuple[int, str, str, str, list[str]]]:
+    """``(line, field, examples, order, fields in the order)`` for each function that makes the
+    indices of a list of examples in a sorted order (``order = sorted(range(len(batch)),
+    key=...)``), builds one field of what it returns from the examples in that order
+    (``[batch[i][0] for i in order]``) and another straight from the list (``[y for _, y in
+    batch]``): the rows of the two are different samples. A function that returns the order
+    (to put the outputs back) or uses it any other way is left alone."""
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = [s for s in func.body]
+        for stmt in body:
+            made = _order_of(stmt)
+            if made is None:
+                continue
+            order, examples = made
+            fields: dict[str, tuple[str, int]] = {}
+            other_use = False
+            for s in body:
+                if s is stmt:
+                    continue
+                built = _built(s, examples, order)
+                if built is not None:
+                    fields[built[0]] = (built[1], s.lineno)
+                    continue
+                if order in _names(s):
+                    other_use = True  # returned, inverted, used to put outputs back
+            if other_use:
+                continue
+            returned = set()
+            for s in ast.walk(func):
+                if isinstance(s, ast.Return) and s.value is not None:
+                    returned |= _names(s.value)
+            # names derived in one statement from a field keep its order (lengths of seqs)
+            carried = {name: name for name in fields}
+            for s in body:
+                if isinstance(s, ast.Assign) and len(s.targets) == 1 \
+                        and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in fields:
+                    read = sorted(_names(s.value) & set(carried))
+                    if read:
+                        carried[s.targets[0].id] = carried[read[0]]
+            reaches = {carried[n] for n in returned if n in carried}
+            ordered = sorted(f for f in reaches if fields[f][0] == "order")
+            kept = sorted(f for f in reaches if fields[f][0] == "kept")
+            if ordered and kept:
+                for field in kept:
+                    found.append((fields[field][1], field, examples, order, ordered))
+    return sorted(set((a, b, c, d, tuple(e)) for a, b, c, d, e in found))

@@ -101,6 +101,7 @@ _NODES = 20000  # graph nodes walked at most (a larger graph is not probed)
 _RECORDED = 32  # submodule outputs kept per forward
 _MODULES = 8  # attention / recurrent calls kept per forward
 _TARGETS = 8  # loss targets kept per turn
+_TARGET_VALUES = 1 << 22  # values of a target distribution read as class ids, at most
 _MATCH = 0.9  # share of the positions a target shift must match
 _MIN_POSITIONS = 8
 _READER_CALLS = 256  # calls of recurrent and linear layers on data kept per forward (seqcopy.py)
@@ -110,6 +111,9 @@ _TINY = 1e-6  # a gradient below this share of the largest one counts as zero
 LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
           "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div")
 _TOKEN_LOSSES = ("cross_entropy", "nll_loss")
+# losses whose target may be a distribution over the classes, one row per position
+_DISTRIBUTION_LOSSES = ("kl_div", "cross_entropy")
+_IGNORED = -100  # a class id no distribution's row names: its all-zero rows (padding)
 # a hand-written log-likelihood: the log-probabilities of given tokens picked out of a
 # log_softmax by gather (DPO's and a policy's sequence log-probs); its index is the target
 _GATHERED = "gather"
@@ -668,8 +672,14 @@ class DependencyWatcher:
             if bool((flat == flat[0]).all()):
                 continue
             for target, fn, ignore, loc, given in reversed(targets):
-                if (fn not in _TOKEN_LOSSES and fn != _GATHERED) or target.is_floating_point() \
-                        or target.numel() % B:
+                if target.is_floating_point() and fn in _DISTRIBUTION_LOSSES:
+                    # a label-smoothed target distribution built by hand (``kl_div`` of the
+                    # log-probs against it, ``cross_entropy`` given probabilities): its classes
+                    target, ignore = _class_ids(target), _IGNORED
+                    if target is None:
+                        continue
+                if (fn not in _TOKEN_LOSSES and fn not in _DISTRIBUTION_LOSSES and fn != _GATHERED) \
+                        or target.is_floating_point() or target.numel() % B:
                     continue
                 length = target.numel() // B
                 positions = _loss_positions(given, out)
@@ -1195,6 +1205,27 @@ def _rows_kept(grad, r: int) -> bool:
             return False
         rest = torch.cat([per[:r], per[r + 1:]])
         return bool(rest.numel() == 0 or float(rest.max()) <= top * _TINY)
+
+
+def _class_ids(target) -> torch.Tensor | None:
+    """The class each row of a (N, C) CPU target distribution puts the most mass on, with
+    all-zero rows (positions a hand-written label smoothing zeroes: padding) as ``_IGNORED``;
+    None when it is no such distribution (negative values, a row without one top class, fewer
+    than half its rows non-zero)."""
+    if target.device.type != "cpu" or target.dim() < 2 or int(target.shape[-1]) < 3 \
+            or target.numel() > _TARGET_VALUES:
+        return None
+    with torch.no_grad():
+        rows = target.detach().reshape(-1, int(target.shape[-1])).float()
+        if bool((rows < 0).any()):
+            return None
+        top2 = rows.topk(2, dim=1).values
+        live = top2[:, 0] > 0
+        if int(live.sum()) * 2 < rows.shape[0] or not bool((top2[live, 0] > top2[live, 1]).all()):
+            return None
+        ids = rows.argmax(1)
+        ids[~live] = _IGNORED
+    return ids
 
 
 def _shift(ids, target, ignore: int, positions: list | None = None) -> int | None:

@@ -24,7 +24,9 @@ What is observed, at the first ``_WINDOWS`` backwards only:
   at its first or last positions (``corrupt[:64] = torch.randint(...)``), or is one row or
   column of a draw two or three times its size (one end of a drawn edge list:
   ``z[neg[0]]`` of ``neg = torch.randint(0, N, (2, E))``, a graph network's output rows looked
-  up as well as an embedding's); a 2-D lookup whose
+  up as well as an embedding's), or is a draw read through an integer table of the calling
+  frames (``table[np.random.randint(0, len(table), k)]``: word2vec's unigram^0.75 noise table;
+  ``pairs[idx, 0]``: the data's rows drawn by index); a 2-D lookup whose
   last (or first) columns are a draw (``cat([positive[:, None], drawn], 1)``) has drawn
   *columns*.
 * **Scores.** The score nodes are the first, from the loss's root, of: a dot product
@@ -74,6 +76,9 @@ _ENDS = 3  # rows (or columns) of a drawn edge list a lookup may read one of, at
 _FRAMES = 3  # user frames whose variables name the scores
 _NAMES_READ = 400  # variables of a frame read, at most
 _LABEL = "sampled scores"
+_TABLES = 8  # integer tables of the calling frames a draw may index (a unigram table, pairs)
+_TABLE_ELEMENTS = 1 << 24  # a table's values, at most
+_TABLE_COLUMNS = 8  # columns of a 2-D table (the data's pairs or triples), at most
 
 _DISTANCE_NODES = ("LinalgVectorNormBackward0", "NormBackward1", "NormBackward0", "CdistBackward0")
 _VIEWS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
@@ -243,6 +248,7 @@ class NegativeSampleWatcher:
     def _look(self, root, fresh) -> None:
         # the lookups of the graph, and the draws each one's indices are
         lookups: dict = {}  # node -> [draw ids]
+        tables: list = []  # the calling frames' integer tables, read at the first unmatched lookup
         columns: dict = {}  # node -> (draw id, the index positions it is): drawn columns of a lookup
         anchors: dict = {}  # node -> the key of the indices it read (the same tensor: one key)
         keys: dict = {}
@@ -253,6 +259,10 @@ class NegativeSampleWatcher:
             idx = _indices(node)
             if idx is not None:
                 lookups[node] = self._matching(idx, fresh)
+                if not lookups[node]:
+                    if not tables:
+                        tables.append(self._tables())
+                    lookups[node] = self._through_tables(idx, fresh, tables[0])
                 if not lookups[node]:
                     hit = self._columns(idx, fresh)
                     if hit is not None:
@@ -336,6 +346,68 @@ class NegativeSampleWatcher:
             parts = (flat,) if m == n else (flat[:m], flat[n - m:])
             if any((part == values).float().mean().item() >= _AGREE for part in parts):
                 found.append(draw_id)
+        return found
+
+    def _tables(self) -> list:
+        """The integer tables (numpy arrays or CPU tensors, 1-D or 2-D with a few columns) the
+        calling frames' variables and their module's globals hold: what a draw may be an index
+        into (a unigram noise table, the data's pairs)."""
+        numpy = sys.modules.get("numpy")
+        found: list = []
+        ids: set = set()
+        frames = 0
+        for frame in self.rec.finder.user_frames(sys._getframe(1)):
+            for space in (frame.f_locals, frame.f_globals):
+                for i, value in enumerate(list(space.values())):
+                    if i >= _NAMES_READ or len(found) >= _TABLES:
+                        break
+                    if id(value) in ids:
+                        continue
+                    table = None
+                    if isinstance(value, torch.Tensor):
+                        if value.device.type == "cpu" and not value.requires_grad and \
+                                value.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+                            table = value.detach()
+                    elif numpy is not None and isinstance(value, numpy.ndarray) and \
+                            value.dtype.kind in ("i", "u") and value.dtype.itemsize <= 8:
+                        table = value
+                    if table is None or table.ndim not in (1, 2) or table.shape[0] < 2:
+                        continue
+                    width = table.shape[1] if table.ndim == 2 else 1
+                    if not 1 <= width <= _TABLE_COLUMNS or table.shape[0] * width > _TABLE_ELEMENTS:
+                        continue
+                    try:
+                        as_tensor = torch.as_tensor(table).to(torch.int64)
+                    except Exception:
+                        continue
+                    ids.add(id(value))
+                    found.append(as_tensor)
+            frames += 1
+            if frames >= _FRAMES:
+                break
+        return found
+
+    @staticmethod
+    def _through_tables(idx, fresh, tables) -> list:
+        """The draws whose values, read through one of the tables (``table[draw]``, or one
+        column of a 2-D table: ``pairs[draw, 0]``), are the lookup's indices."""
+        n = idx.numel()
+        found = []
+        flat = None
+        for draw_id, _, values, _, _ in fresh:
+            if values.numel() != n or n < _MIN_DRAWN or int(values.min()) < 0:
+                continue
+            top = int(values.max())
+            for table in tables:
+                if top >= table.shape[0]:
+                    continue
+                if flat is None:
+                    flat = idx.detach().reshape(-1).to(torch.int64)
+                read = table[values]
+                picks = [read] if read.dim() == 1 else list(read.t())
+                if any((pick == flat).float().mean().item() >= _AGREE for pick in picks):
+                    found.append(draw_id)
+                    break
         return found
 
     @staticmethod

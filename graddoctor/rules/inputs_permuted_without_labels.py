@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis.reorder import fields_reordered_apart, reordered_beside_kept
+from ..analysis.reorder import collate_fields_apart, fields_reordered_apart, reordered_beside_kept
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
@@ -25,7 +25,10 @@ class InputsPermutedWithoutLabels(Rule):
     scope (a loss function that sorts its inputs, as a Cox risk set or a ranking loss does), a
     tuple statement that rebinds some names to their rows in the order of a permutation made
     there and another name to itself as it is (`log_h, event = log_h[order], event`) is reported
-    at that statement.
+    at that statement. The same in a collate function of the script: the indices of its list of
+    examples sorted (`order = sorted(range(len(batch)), key=...)`), one returned field built in
+    that order (`[batch[i][0] for i in order]`) and another straight from the list (`[y for _, y
+    in batch]`): it points at the field left in the list's order.
 
     ## Why is this bad?
     Row `i` of the output is scored against label `i`, which now belongs to another sample: the
@@ -123,3 +126,16 @@ class InputsPermutedWithoutLabels(Rule):
                             " (draw `perm = torch.randperm(len(x))` once and index every field with it)")
                          + (", or pass enforce_sorted=False to pack_padded_sequence and leave the "
                             "batch in its order" if packs else "")))
+            for line, field, examples, order, ordered in collate_fields_apart(tree):
+                names = ", ".join(f"`{n}`" for n in ordered)
+                yield self.finding(
+                    f"`{field}` is built from `{examples}` in its own order, while {names}, "
+                    f"returned with it, is built from `{examples}` in the order of `{order}` "
+                    f"(sorted for packing): row i of the batch's inputs and row i of `{field}` "
+                    f"belong to different samples, so the model trains on mismatched labels",
+                    Location(path, line),
+                    evidence={"permutation": order, "left": [field], "ordered": list(ordered),
+                              "examples": examples},
+                    fix=(f"build `{field}` in the same order: iterate `for i in {order}` and read "
+                         f"`{examples}[i]`, or sort `{examples}` itself once before building "
+                         f"every field"))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import re
 
 from ..analysis.negative_labels import negatives_labelled_positive
@@ -15,6 +16,44 @@ _LOOK_BACK = 40  # lines above the backward searched for the line that uses the 
 # drawn at random too, so that where the draws come from does not tell them apart)
 _NEGATIVE_NAME = re.compile(r"(^|_)(neg|negs|negative|negatives|corrupt\w*|corr|noise|fake|"
                             r"sampled|rand\w*|j|nj|false|wrong)($|_)|neg|corrupt|noise", re.I)
+
+
+def _negated(node) -> bool:
+    """``-x``, ``-1 * x``, ``x * -1``, ``x.neg()``: the expression's sign flipped."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return any(isinstance(side, ast.UnaryOp) and isinstance(side.op, ast.USub)
+                   and isinstance(side.operand, ast.Constant) for side in (node.left, node.right))
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and node.func.attr == "neg"
+
+
+def _negatives_term_unnegated(tree) -> tuple[int, str] | None:
+    """``(line, text)`` of the file's one ``logsigmoid`` of a negatives' score given as it is
+    (``F.logsigmoid(neg_score)``; the right term is ``logsigmoid(-neg_score)``) or ``softplus``
+    of it negated, when the file has exactly one such term; None otherwise."""
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or len(node.args) != 1:
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in ("logsigmoid", "softplus"):
+            continue
+        arg = node.args[0]
+        flipped = _negated(arg)
+        inner = arg.operand if isinstance(arg, ast.UnaryOp) else arg
+        if not _NEGATIVE_NAME.search(ast.unparse(inner)):
+            continue
+        if (name == "logsigmoid") != flipped:  # logsigmoid(neg) or softplus(-neg)
+            found.append(node)
+    if len(found) != 1:
+        return None
+    node = found[0]
+    return node.lineno, ast.unparse(node)
 
 
 def _weighted_up(scores) -> float:
@@ -63,7 +102,9 @@ class SampledNegativesPushedUp(Rule):
     random integer draws (`torch.randint`, `multinomial`, `randperm`, numpy's `randint` /
     `choice`) are remembered for the first backwards; an embedding lookup whose indices are a
     draw made since the previous backward (or agree with one at 40% of their positions: a
-    corruption of part of a batch) reads *drawn* rows. Each score of looked-up embeddings the
+    corruption of part of a batch; or are a draw read through an integer table the calling
+    frames hold: word2vec's unigram^0.75 noise table `table[np.random.randint(0, len(table),
+    k)]`, the data's pairs `pairs[idx, 0]`) reads *drawn* rows. Each score of looked-up embeddings the
     loss holds (a dot product, `bmm`, an einsum; a vector norm, `cdist`, a sum of squared
     differences) gets a node hook that reads the loss's gradient on it. The negatives are the
     scores that read a draw the other scores do not (when the data's rows are drawn at random
@@ -76,7 +117,9 @@ class SampledNegativesPushedUp(Rule):
     line that builds a binary loss's labels the other way round (`torch.cat` of score blocks
     named `pos`/`neg` against a `torch.cat` of `zeros`/`ones` in the other order, or a positive
     block given a zero target) when the source shows one, else at the line that uses the
-    negatives' score in the loss. Lookups include rows gathered from a computed tensor (a graph
+    negatives' score in the loss (for a loss computed inside a module's `forward`, whose names
+    the loop does not hold: the file's one `logsigmoid(neg)` or `softplus(-neg)` of a
+    negatives-named score). Lookups include rows gathered from a computed tensor (a graph
     network's node embeddings `z[neg[0]]`, with `neg` a drawn (2, E) edge list: each end of it
     is a row of the draw); the data's and the drawn pairs scored from one such tensor are
     scored against each other.
@@ -199,6 +242,12 @@ class SampledNegativesPushedUp(Rule):
                     if word.search(head):
                         continue  # an assignment of the name
                     return Location(path, number), stripped
+        if not words:
+            # scores made in a forward the backward's frames do not hold: the file's one
+            # log-sigmoid of a negatives' score with the positives' sign
+            reversed_term = _negatives_term_unnegated(a.source.tree(path))
+            if reversed_term is not None:
+                return Location(path, reversed_term[0]), reversed_term[1]
         assigned = a.source.loss_assignment(path, line)
         if assigned is not None:
             return Location(path, assigned[0]), assigned[1]

@@ -38,9 +38,14 @@ class TargetVisibleToModel(Rule):
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
     after the next. graddoctor compares the loss's targets (or, in a hand-written
     log-likelihood, the tokens a `gather` picks out of a `log_softmax`: DPO's and a policy's
-    sequence log-probs) with the ids the model embedded (a
+    sequence log-probs; or, for a label smoothing written by hand, the class each row of the
+    smoothed distribution given to `kl_div` / `cross_entropy` puts its mass on, its zeroed
+    padding rows ignored) with the ids the model embedded (a
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
-    of one output position with respect to the embeddings once, at the first backward. Unshifted
+    of one output position with respect to the embeddings once, at the first backward. A torch
+    attention module called with a causal-mask keyword whose name the file binds only to `None`
+    (`tgt_mask = None` in the loop, passed down as `tgt_mask=tgt_mask`) is reported at that
+    assignment. Unshifted
     targets are reported at the loss call, or at the statement that slices them when the loop
     slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). A recurrent language
     model the probe does not read (seq-first `batchify`'d data, a hand-written update) is read
@@ -559,6 +564,26 @@ def _norm_over_positions(a, path: str) -> tuple[int, str] | None:
     return built[0] if len(built) == 1 else None
 
 
+def _mask_set_to_none(a, path: str, line: int, keyword: str) -> tuple[Location, str] | None:
+    """Where the script binds to None the name an attention module's call at ``line`` passes as
+    its causal mask (``tgt_mask=tgt_mask`` with ``tgt_mask = None`` in the training loop), when
+    the file binds that name to None once and to nothing else outside the call's parameters."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    names = {kw.value.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and node.lineno <= line <= (node.end_lineno or node.lineno)
+             for kw in node.keywords if kw.arg == keyword and isinstance(kw.value, ast.Name)}
+    if len(names) != 1:
+        return None
+    name, = names
+    bound = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    if len(bound) != 1 or not (isinstance(bound[0].value, ast.Constant) and bound[0].value.value is None):
+        return None
+    return Location(path, bound[0].lineno), name
+
+
 def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
     """Where the later positions get in, why, and the fix: a bidirectional RNN, one of torch's
     attention modules called without (or with a wrong) mask, else the attention written in the
@@ -585,6 +610,14 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                              f"positions after it (inverted or transposed: `torch.triu` where "
                              f"`tril` was meant, or `masked_fill(mask == 1, ...)` flipped)",
                         f"give it a causal mask (-inf above the diagonal): `{mask}")
+            unset = _mask_set_to_none(a, str(path), int(line), _MASKS[cls].split("=", 1)[0])
+            if unset is not None:
+                where, name = unset
+                return (where, f"the `{name}` this {cls} is called with is None here, so its "
+                               f"attention reads every position",
+                        f"build the causal mask instead: `{name} = "
+                        f"{_MASKS[cls].split('=', 1)[1].split(',')[0].format(T='T')}` "
+                        f"(T: the sequence's length, {T} here)")
             return (loc, f"this {cls} is called without a causal mask, so its attention reads "
                          f"every position", f"pass a causal mask: `{mask}")
     forward = e.get("forward")
