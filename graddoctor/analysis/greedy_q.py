@@ -85,6 +85,15 @@ def _statements(scope):
     return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
+def _shifted(name: str, before: list) -> bool:
+    """Whether the last assignment of ``name`` in ``before`` adds or subtracts a term
+    (``q_margin = q + margin``): the maximum of such a sum is a loss of its own."""
+    for st in reversed(before):
+        if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
+            return isinstance(st.value, ast.BinOp) and isinstance(st.value.op, (ast.Add, ast.Sub))
+    return False
+
+
 def greedy_q_predictions(path: str) -> list[tuple[int, str, str, int]]:
     """``(line, the statement's text, the Q-values' name, the loss line)`` for each assignment,
     outside ``no_grad``, of the maximum over an axis of Q-values with gradient (a name of Q
@@ -106,6 +115,8 @@ def greedy_q_predictions(path: str) -> list[tuple[int, str, str, int]]:
                 continue
             if any(isinstance(n, ast.Attribute) and n.attr == "detach" for n in walk(st.value)):
                 continue
+            if _shifted(qname, statements[:i]):
+                continue  # a max of Q plus a margin (DQfD's large-margin loss): not a prediction
             if _under_no_grad(tree, st):
                 continue
             flowing, loss_line = {target}, None
