@@ -53,8 +53,12 @@ MAX_SHAPES = 4096  # distinct turn shapes remembered; a turn of any other shape 
 # and the values those shapes hold in all (each list value counts its length): a routed loop (a
 # mixture of experts) makes a new shape every turn, each holding the pids of the experts it
 # routed, thousands at thousands of tensors; remembered up to MAX_SHAPES, they grew the process
-# by ~50 KB a turn at 1,000 tensors (its turns never fold: no shape of it recurs)
+# by ~50 KB a turn at 1,000 tensors (its turns never fold: no shape of it recurs). The first
+# MIN_SHAPES are remembered whatever they hold: a loop over tens of thousands of tensors holds
+# ~100,000 values a turn, and the few shapes of its first turns (before the one it repeats) must
+# not use the budget up before its steady shape comes
 MAX_SHAPE_VALUES = 1 << 20
+MIN_SHAPES = 64
 # turns in a row that repeated the one before and folded at once (period 1) before the steady
 # path takes the next ones (``Folder.steady_put``): far past any fixture, past the first steps
 STEADY_AFTER = 256
@@ -454,7 +458,8 @@ class Folder:
         # closed turns
         self.ids: dict[tuple, int] = {}  # shape -> id
         self.unique = -1  # ids of shapes not remembered (never equal to another)
-        self.shape_values = 0  # what the remembered shapes hold (_weight), MAX_SHAPE_VALUES at most
+        self.shape_values = 0  # what the remembered shapes hold (_weight): MAX_SHAPE_VALUES at most
+        # beyond the first MIN_SHAPES
         self.pending: list[list] = []  # undecided: [start, end, id], start and end + shift
         self.shift = 0  # what the pending turns' starts and ends are ahead of their index now
         self.plans: dict[int, tuple | None] = {}  # id -> the fast comparison with its shape
@@ -553,7 +558,8 @@ class Folder:
                 turn_id = ids.get(shape)
             if turn_id is None:
                 weight = _weight(shape) if len(ids) < MAX_SHAPES else 0
-                if weight and self.shape_values + weight <= MAX_SHAPE_VALUES:
+                if weight and (len(ids) < MIN_SHAPES
+                               or self.shape_values + weight <= MAX_SHAPE_VALUES):
                     self.shape_values += weight
                     turn_id = ids[shape] = len(ids)
                     self.plans[turn_id] = _plan(turn)  # the turn the key was made from
