@@ -90,6 +90,7 @@ def test_a_provisional_report_mid_fold_counts_every_step(tmp_path, monkeypatch):
     # the time allowance for provisional reports is not what this counts: on a loaded box it
     # runs out before the fold begins
     monkeypatch.setattr(check_module, "CHECKPOINT_ALLOWANCE_S", 1e9)
+    monkeypatch.setattr(check_module, "CHECKPOINT_CPU_SHARE", 1e9)
 
     def checkpoint(report):
         seen.append((report.run.steps, report.analysis.step_count,

@@ -304,3 +304,28 @@ def test_a_failure_while_leaving_the_steady_state_loses_no_event(monkeypatch):
         folder.materialize()
     seqs = [e.seq for e in folder.trace.events]
     assert set(aside) <= set(seqs) and len(seqs) == len(set(seqs)) and seqs == sorted(seqs)
+
+
+def test_the_shapes_remembered_hold_a_bounded_number_of_values(monkeypatch):
+    """A routed loop (a mixture of experts) makes a new shape every turn, each holding the pids
+    its routing chose: past the first ``MIN_SHAPES``, the shapes remembered hold at most
+    ``MAX_SHAPE_VALUES`` values, the turns past it get shapes not remembered (never folded, as
+    such turns never are: none recurs), and a turn that repeats still folds once the budget is
+    spent."""
+    monkeypatch.setattr(fold, "MAX_SHAPE_VALUES", 2000)
+    monkeypatch.setattr(fold, "MIN_SHAPES", 4)
+    folder = Folder(Trace(), fold_after=0, keep=1, context=1, max_period=3)
+    recorded = Trace()
+    rng = random.Random(0)
+    for i in range(60):  # routed: 100 of 400 pids each turn
+        fresh = sorted(rng.sample(range(400), 100))
+        for e in _turn(recorded, i, backward={"fresh": fresh}):
+            _feed(folder, folder.trace, e)
+    assert 0 < folder.shape_values <= 2000 and 4 <= len(folder.ids) < 20
+    assert folder.unique < -30  # the turns past the budget: shapes not remembered
+    before = folder.folded_turns
+    for i in range(60, 90):  # then the same small turn again and again
+        for e in _turn(recorded, i):
+            _feed(folder, folder.trace, e)
+    folder.finish()
+    assert folder.folded_turns > before + 20

@@ -50,6 +50,15 @@ KEEP = 2  # copies of a repeated block of turns kept whole before later copies f
 CONTEXT = 2  # turns after a folded block that must repeat too (the turns before a change stay)
 MAX_PERIOD = 40  # longest block of turns that repeats (an epoch of the replay is 17 batches)
 MAX_SHAPES = 4096  # distinct turn shapes remembered; a turn of any other shape is never folded
+# and the values those shapes hold in all (each list value counts its length): a routed loop (a
+# mixture of experts) makes a new shape every turn, each holding the pids of the experts it
+# routed, thousands at thousands of tensors; remembered up to MAX_SHAPES, they grew the process
+# by ~50 KB a turn at 1,000 tensors (its turns never fold: no shape of it recurs). The first
+# MIN_SHAPES are remembered whatever they hold: a loop over tens of thousands of tensors holds
+# ~100,000 values a turn, and the few shapes of its first turns (before the one it repeats) must
+# not use the budget up before its steady shape comes
+MAX_SHAPE_VALUES = 1 << 20
+MIN_SHAPES = 64
 # turns in a row that repeated the one before and folded at once (period 1) before the steady
 # path takes the next ones (``Folder.steady_put``): far past any fixture, past the first steps
 STEADY_AFTER = 256
@@ -206,6 +215,18 @@ def _plain(value) -> bool:
         # pass in C; floats (a NaN) and nested lists element by element
         return set(map(type, value)) <= _PLAIN_NOT_FLOAT or all(map(_plain, value))
     return t in _PLAIN
+
+
+def _weight(shape: tuple) -> int:
+    """How many values a turn's ``signature`` holds, each list (a tuple there) counting its length:
+    what remembering the shape costs, and its plan with it (at least 1)."""
+    weight = len(shape)
+    for _kind, _loc, items in shape:
+        weight += len(items)
+        for _key, value in items:
+            if type(value) is tuple:
+                weight += len(value)
+    return weight
 
 
 def _batch(value, base):
@@ -437,6 +458,8 @@ class Folder:
         # closed turns
         self.ids: dict[tuple, int] = {}  # shape -> id
         self.unique = -1  # ids of shapes not remembered (never equal to another)
+        self.shape_values = 0  # what the remembered shapes hold (_weight): MAX_SHAPE_VALUES at most
+        # beyond the first MIN_SHAPES
         self.pending: list[list] = []  # undecided: [start, end, id], start and end + shift
         self.shift = 0  # what the pending turns' starts and ends are ahead of their index now
         self.plans: dict[int, tuple | None] = {}  # id -> the fast comparison with its shape
@@ -534,7 +557,10 @@ class Folder:
                 shape = signature(turn, deep=True)
                 turn_id = ids.get(shape)
             if turn_id is None:
-                if len(ids) < MAX_SHAPES:
+                weight = _weight(shape) if len(ids) < MAX_SHAPES else 0
+                if weight and (len(ids) < MIN_SHAPES
+                               or self.shape_values + weight <= MAX_SHAPE_VALUES):
+                    self.shape_values += weight
                     turn_id = ids[shape] = len(ids)
                     self.plans[turn_id] = _plan(turn)  # the turn the key was made from
                 else:

@@ -303,7 +303,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     CLI writes it and ends the process; without ``on_hang`` such a run cannot be ended.
     ``checkpoint(report)`` receives a provisional report (status ``crashed``: "graddoctor did
     not finish") when the script starts and after every optimizer step (at most every
-    ``CHECKPOINT_EVERY_S`` without a step budget, and while the writes have taken less than
+    ``CHECKPOINT_EVERY_S`` and while they have taken less than ``CHECKPOINT_CPU_SHARE`` of the
+    process's CPU time without a step budget, and while the writes have taken less than
     ``CHECKPOINT_SHARE`` of the time since the start plus ``CHECKPOINT_ALLOWANCE_S``): what is
     left if the process is killed before the final report.
     ``on_destroy(report, destroy)``: a rank's report when the script calls
