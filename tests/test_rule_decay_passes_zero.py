@@ -19,7 +19,7 @@ def _found(src: str):
 
 
 def test_decays_the_loop_runs_past_are_found():
-    assert _found("EPOCHS = 10\nspe = 30\ntotal = spe * EPOCHS\n"
+    assert _found("EPOCHS = 10\nspe = int(n / EPOCHS)\ntotal = spe * EPOCHS\n"
                   "for step in range(total):\n    w = 0.5 * (1 - step / EPOCHS)\n") == [(5, "factor")]
     assert _found("M = 30\nfor it in range(50):\n    lr = 0.1 * (1 - it / M)\n") == [(3, "values")]
     assert _found("for it in range(n_iters):\n    w = 2.0 * (n_epochs - it) / n_epochs\n") == [(2, "unit")]
