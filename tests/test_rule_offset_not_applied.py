@@ -33,6 +33,9 @@ def test_applied_offsets_stay_silent():
         "for p in ps:\n    n = p.numel()\n    p.grad = g[:n].view_as(p)\n    offset += n\n",   # no cursor start
         "total = 0\nfor x in xs:\n    h = f(x)\n    y.append(h[:n])\n    total += n\n",             # a fresh tensor each pass
         "seen = 0\nfor b in batches:\n    y.append(flat[:k])\n    seen += len(b)\n",           # another size
+        "total = 0\nfor b, p in enumerate(paths):\n    n = len(p)\n    c += (t[b, :n] == 1).sum()\n"
+        "    total += n\nprint(c / total)\n",                                                   # a count
+        "total = 0\nfor p in paths:\n    n = len(p)\n    c += tags[:n].sum()\n    total += n\nacc = c / total\n",
     ):
         assert _found(src) == [], src
 

@@ -65,6 +65,14 @@ def _zeroed_before(block: list[ast.stmt], loop: ast.stmt, name: str) -> bool:
     return False
 
 
+def _read_after(block: list[ast.stmt], loop: ast.stmt, name: str) -> bool:
+    """Whether a statement of ``block`` after ``loop`` reads ``name``: a total counted for later
+    (``correct / total``), not an offset into the pieces."""
+    rest = block[block.index(loop) + 1:]
+    return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id == name
+               for stmt in rest for n in ast.walk(stmt))
+
+
 def _blocks(tree: ast.AST):
     for node in ast.walk(tree):
         for field in ("body", "orelse", "finalbody"):
@@ -86,8 +94,9 @@ def offsets_not_applied(tree: ast.AST) -> list[dict]:
     """Running offsets into a flat tensor that the loop's slices never apply:
 
     - ``unread``: a cursor set to 0 before a loop and advanced in it (``off += n``) that nothing
-      in the loop reads, while the loop slices a window from the start by the same size
-      (``flat[:n]``): every pass reads the first ``n`` values;
+      in the loop or after it reads, while the loop slices a flat tensor from the start by the
+      same size (``flat[:n]``, one slice as the whole index): every pass reads the first ``n``
+      values;
     - ``frozen``: a window ``flat[off:off + n]`` read in a loop whose cursor, set to 0 before the
       loop, the loop never advances: every pass reads the same window.
 
@@ -117,9 +126,10 @@ def offsets_not_applied(tree: ast.AST) -> list[dict]:
                     continue  # a buffer the loop consumes and rebinds
                 for part in _slices(sub):
                     # unread: flat[:n] while `off += n` advances a cursor nothing reads
-                    if _is_zero(part.lower) and part.upper is not None:
+                    if _is_zero(part.lower) and part.upper is not None and part is sub.slice:
                         for cursor, steps in advanced.items():
-                            if loads.get(cursor) or not _zeroed_before(block, loop, cursor):
+                            if loads.get(cursor) or not _zeroed_before(block, loop, cursor) \
+                                    or _read_after(block, loop, cursor):
                                 continue
                             size = set().union(*(_names(s.value) for s in steps))
                             if not size or not (_names(part.upper) & size) or id(sub) in seen:
@@ -186,8 +196,9 @@ class OffsetNotApplied(Rule):
     ## Stays silent on
     A slice at the offset (`flat[off:off + n]`) with the offset advanced; a buffer the loop
     consumes and rebinds (`buf = buf[n:]`); `torch.split(flat, sizes)`; an offset read
-    anywhere else in the loop (`flat.narrow(0, off, n)`); a window that only reuses a name
-    that is not a cursor set to 0 before the loop.
+    anywhere else in the loop (`flat.narrow(0, off, n)`); a count read after the loop (`total
+    += n` beside `tags[b, :n]`, then `correct / total`); a prefix of a row (`x[b, :n]`); a
+    window that only reuses a name that is not a cursor set to 0 before the loop.
     """
 
     code = "GD295"
