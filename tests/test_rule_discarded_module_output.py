@@ -28,6 +28,11 @@ SOURCE = "\n".join([
     "        _ = self.backbone(premise)",                     # 11
     "        self.cache = self.norm(prem)",                   # 12
     "        return self.out(torch.cat([prem, prem], 1)), target",  # 13
+    "",                                                       # 14
+    "    def exits(self, h):",                                # 15
+    "        outs = []",                                      # 16
+    "        outs.append(self.head(h))",                      # 17
+    "        return outs",                                    # 18
 ]) + "\n"
 
 
@@ -58,6 +63,7 @@ def test_values_the_script_reads_or_keeps_are_silent(tmp_path):
     assert _check(tmp_path, [11]) == []     # `_`: on purpose
     assert _check(tmp_path, [12]) == []     # kept on the module
     assert _check(tmp_path, [3]) == []      # passed on by return, no caller frame says more
+    assert _check(tmp_path, [17], leaf=True, module="Linear") == []  # kept in a list
 
 
 def test_an_unreadable_source_is_silent(tmp_path):

@@ -401,3 +401,23 @@ def test_a_term_added_with_item_is_a_warning_at_its_statement(tmp_path):
 
 def test_item_scaling_the_loss_or_summed_for_a_log_is_silent(tmp_path):
     assert findings(constant_loss(tmp_path, ITEM_SCALED, [None, None], line=8), SLUG) == []
+
+
+def test_gradient_norms_weighing_a_trainable_factor_are_data_on_purpose():
+    import ast
+
+    from graddoctor.rules.penalty_without_graph import _scaled_by_learnable
+
+    gradnorm = ("w = nn.Parameter(torch.ones(2))\n"
+                "g = torch.stack([torch.autograd.grad(l[k], W, retain_graph=True)[0].norm()\n"
+                "                 for k in range(2)])\n"
+                "norms = w * g\n"
+                "gn = (norms - norms.mean().detach()).abs().sum()\n"
+                "gn.backward()\n")
+    assert _scaled_by_learnable(ast.parse(gradnorm), 2, 6)
+    r1 = ("w = torch.ones(2, requires_grad=True)\n"
+          "grad, = torch.autograd.grad(d.sum(), x)\n"
+          "r1 = grad.pow(2).sum()\n"
+          "loss = d_loss + 10.0 * r1\n"
+          "loss.backward()\n")
+    assert not _scaled_by_learnable(ast.parse(r1), 2, 5)

@@ -64,3 +64,42 @@ def test_the_finding_is_a_warning_at_the_unpacking(tmp_path):
     assert [f.location.line for f in found] == [2]
     assert found[0].severity is Severity.WARNING
     assert "log_var" in found[0].fix
+
+
+def test_a_copied_call_keeping_the_first_calls_part_is_found():
+    from graddoctor.rules.unpacked_slices_mismatched import copied_calls
+
+    def found(src):
+        return [(h["line"], h["first"], h["text"]) for h in copied_calls(ast.parse(src))]
+
+    src = ("x, v = X[idx], valid[idx]\n"
+           "a = masked_mse(r, yr, v[:, 0:1])\n"
+           "b = masked_mse(r2, yr2, v[:, 0:1])\n"
+           "m = valid[:, 1:]\n")
+    assert found(src) == [(3, 2, "v[:, 0:1]")]
+    src = ("l1 = f(p1, y[:, 0], m[:, 0])\n"
+           "l2 = f(p2, y[:, 1], m[:, 1])\n"
+           "l3 = f(p3, y[:, 2], m[:, 1])\n")
+    assert found(src) == [(3, 2, "m[:, 1]")]
+    for quiet in (
+        "a = F.mse_loss(q1, t[:, 0:1])\nb = F.mse_loss(q2, t[:, 0:1])\n",          # twin critics
+        "a = f(p1, y[:, 0], m[:, 0])\nb = f(p2, y[:, 1], m[:, 1])\n",              # each its own
+        "a = f(p1, y[:, 0], both)\nb = f(p2, y[:, 1], both)\n",                    # one shared mask
+        "a = f(pred, y[:, 0], m[:, 0])\nb = f(other, y[:, 1], m[:, 0])\nc = m[:, 1]\n",  # not siblings
+        "a = f(p1, m[:, 0], k=1)\nb = f(p2, m[:, 0], k=1)\nc = m[:, 1]\n",         # keywords
+    ):
+        assert found(quiet) == [], quiet
+
+
+def test_the_copied_call_is_a_warning_at_the_later_call(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("a = masked_mse(r, yr, v[:, 0:1])\n"
+                      "b = masked_mse(r2, yr2, v[:, 0:1])\n"
+                      "c = v[:, 1:2]\n"
+                      "loss.backward()\n")
+    t = TraceBuilder(str(script))
+    t.backward(line=4)
+    found = list(find_rule(SLUG)().check(Analysis(t.trace)))
+    assert [f.location.line for f in found] == [2]
+    assert found[0].severity is Severity.WARNING
+    assert found[0].related[0].location.line == 1

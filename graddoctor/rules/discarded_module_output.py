@@ -50,7 +50,9 @@ class DiscardedModuleOutput(Rule):
     argmax that picks an action, a hidden state carried to the next batch; a value assigned to
     `_` (a backbone run for the features its forward hooks take); a model's call from the
     training loop (an evaluation forward under grad: not inside another module's forward); a
-    bare call of a module with child modules (run for its hooks or its side effects); modules
+    bare call of a module with child modules (run for its hooks or its side effects); an output
+    appended to a container (`outs.append(head(h))`: kept, and if the loss never reads it,
+    `param-without-grad` names the idle module); modules
     called by torch's containers or by a library's model; calls made under `no_grad`.
     """
 
@@ -92,6 +94,10 @@ class DiscardedModuleOutput(Rule):
                                evidence={"module": cls, "names": list(names)})
 
 
+# methods that keep their argument in a container: a module output passed to one is stored
+_KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "appendleft", "put", "put_nowait"})
+
+
 def _thrown_away(a, frames, leaf: bool):
     """``(path, line, text, names)`` of the first of ``frames`` (innermost first) whose
     statement throws the call's value away: assigned to names the function never reads, or a
@@ -107,6 +113,9 @@ def _thrown_away(a, frames, leaf: bool):
         if statement is None or function is None:
             return None
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            func = statement.value.func
+            if isinstance(func, ast.Attribute) and func.attr in _KEEPING_METHODS:
+                return None  # `outs.append(head(h))`: kept in a container, not thrown away
             if leaf:
                 return path, statement.lineno, ast.unparse(statement.value), ()
             return None

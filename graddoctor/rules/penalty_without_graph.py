@@ -1,11 +1,58 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
 
 
 _IDLE_SPAN = 10  # lines above a `.item()` term where a loss of a module without gradient defers to GD106
+
+
+def _learnable_names(tree: ast.AST) -> set[str]:
+    """Texts of the names and attributes the file binds to a trainable leaf: ``nn.Parameter(...)``
+    or a tensor made with ``requires_grad=True``."""
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        call = node.value
+        callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+        if callee == "Parameter" or any(k.arg == "requires_grad" and isinstance(k.value, ast.Constant)
+                                        and k.value.value is True for k in call.keywords):
+            found.update(ast.unparse(t) for t in node.targets if isinstance(t, (ast.Name, ast.Attribute)))
+    return found
+
+
+def _scaled_by_learnable(tree: ast.AST | None, grad_line: int, backward_line: int) -> bool:
+    """Whether, between the ``autograd.grad`` statement at ``grad_line`` and the backward at
+    ``backward_line``, its result is multiplied by a trainable leaf of the script (GradNorm's
+    ``weights * g``): the loss then keeps a graph through that factor, and the gradient norms
+    are data on purpose."""
+    if tree is None:
+        return False
+    learnable = _learnable_names(tree)
+    if not learnable:
+        return False
+    statements = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                         and (n.end_lineno or n.lineno) >= grad_line and n.lineno <= backward_line),
+                        key=lambda n: n.lineno)
+    tainted: set[str] = set()
+    for node in statements:
+        reads = {ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, (ast.Name, ast.Attribute))}
+        holds_grad = node.lineno <= grad_line <= (node.end_lineno or node.lineno)
+        if holds_grad or reads & tainted:
+            if not holds_grad:
+                for prod in ast.walk(node.value):
+                    if isinstance(prod, ast.BinOp) and isinstance(prod.op, (ast.Mult, ast.Div)):
+                        sides = [{ast.unparse(n) for n in ast.walk(side) if isinstance(n, (ast.Name, ast.Attribute))}
+                                 for side in (prod.left, prod.right)]
+                        if (sides[0] & tainted and sides[1] & learnable) \
+                                or (sides[1] & tainted and sides[0] & learnable):
+                            return True
+            tainted.update(ast.unparse(t) for t in node.targets)
+    return False
 
 
 class PenaltyWithoutGraph(Rule):
@@ -63,7 +110,9 @@ class PenaltyWithoutGraph(Rule):
     `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
     training: the loss is computed by the model on the perturbed input, also when a helper
     builds it and the caller hands its result straight to the model); a gradient computed
-    for logging or for a hand-written update that never reaches the backpropagated loss; an L2
+    for logging or for a hand-written update that never reaches the backpropagated loss;
+    gradient norms taken as data and multiplied by a trainable factor before the loss (GradNorm's
+    `weights * g`: the loss trains the task weights through that factor); an L2
     penalty computed from the parameters themselves, and a detached copy of it kept for logging;
     a loss on detached values computed for a log or under `torch.no_grad()` (validation) that no
     backward's loss adds; a probe trained on detached features through its own backward; a
@@ -228,6 +277,8 @@ class PenaltyWithoutGraph(Rule):
             line = a.source.result_reaches_backward(e.loc.path, e.loc.line)
             if line is None:
                 continue
+            if _scaled_by_learnable(a.source.tree(e.loc.path), e.loc.line, line):
+                continue  # the norms weigh a trainable factor (GradNorm's task weights)
             if a.source.computed_before_loop(e.loc.path, e.loc.line, line):
                 # taken once before the loop whose every pass backpropagates: a graph built once
                 # could not be backpropagated at each pass anyway, so the result is data (force

@@ -136,6 +136,117 @@ def mismatched_unpackings(tree: ast.AST) -> list[dict]:
     return found
 
 
+_SIBLING_TAIL = 2  # characters at most that tell two sibling names apart (r / r2, pred_a / pred_b)
+
+
+def _siblings(a: str, b: str) -> bool:
+    """Whether two names are numbered or lettered siblings: equal but for a short tail of
+    digits, or of one letter after an underscore (``r``/``r2``, ``yr1``/``yr2``, ``out_a``/
+    ``out_b``)."""
+    if a == b or not a.isidentifier() or not b.isidentifier():
+        return False
+    common = 0
+    while common < min(len(a), len(b)) and a[common] == b[common]:
+        common += 1
+    stem, ta, tb = a[:common], a[common:], b[common:]
+    if not stem.rstrip("_0123456789") or max(len(ta), len(tb)) > _SIBLING_TAIL:
+        return False
+    if all(t.isdigit() or t == "" for t in (ta, tb)):
+        return True
+    return stem.endswith("_") and all(len(t) == 1 and t.isalpha() for t in (ta, tb))
+
+
+def _sources(tree: ast.AST) -> dict[str, set[str]]:
+    """For each name, the names it is a row pick or copy of through one assignment (``v =
+    valid[idx]``, ``x, v = X[idx], valid[idx]``)."""
+    found: dict[str, set[str]] = {}
+
+    def note(target, value):
+        base = value
+        while isinstance(base, ast.Subscript):
+            base = base.value
+        if isinstance(target, ast.Name) and isinstance(base, ast.Name) and base.id != target.id:
+            found.setdefault(target.id, set()).add(base.id)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                    and len(target.elts) == len(value.elts):
+                for t, v in zip(target.elts, value.elts):
+                    note(t, v)
+            else:
+                note(target, value)
+    return found
+
+
+def _literal_parts(tree: ast.AST) -> dict[str, set[str]]:
+    """For each name, the texts of the literal-indexed subscripts the file takes of it."""
+    parts: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and _has_literal_index(node.slice):
+            parts.setdefault(node.value.id, set()).add(ast.unparse(node.slice))
+    return parts
+
+
+def _calls_in(stmt: ast.stmt) -> list[ast.Call]:
+    return [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+
+
+_PARALLEL_SPAN = 4  # statements apart, at most, for two calls of one helper to be a copied pair
+
+
+def copied_calls(tree: ast.AST) -> list[dict]:
+    """Two calls of one function a few statements apart in one block whose other arguments are
+    sibling names or other fixed parts of one tensor (``masked_mse(r, yr, v[:, 0:1])``,
+    ``masked_mse(r2, yr2, v[:, 0:1])``; ``f(p2, y[:, 1], m[:, 1])``, ``f(p3, y[:, 2], m[:, 1])``) while
+    one argument is the very same fixed part of one tensor, which the file (or the tensor it is
+    a row pick of) also takes at another fixed part: the copy's index was not edited. The later
+    call is reported."""
+    sources, parts = _sources(tree), _literal_parts(tree)
+    found = []
+    for block in _blocks(tree):
+        calls = [(i, stmt, c) for i, stmt in enumerate(block) if not isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef))
+                 for c in _calls_in(stmt)]
+        for x, (i, _, first) in enumerate(calls):
+            for j, stmt, second in calls[x + 1:]:
+                if j == i or j - i > _PARALLEL_SPAN or first.keywords or second.keywords:
+                    continue
+                if ast.dump(first.func) != ast.dump(second.func) or len(first.args) != len(second.args):
+                    continue
+                same, sibling = None, False
+                for a, b in zip(first.args, second.args):
+                    if isinstance(a, ast.Name) and isinstance(b, ast.Name):
+                        if a.id == b.id:
+                            continue
+                        if not _siblings(a.id, b.id):
+                            break
+                        sibling = True
+                    elif ast.dump(a) == ast.dump(b):
+                        if isinstance(a, ast.Subscript) and isinstance(a.value, ast.Name) \
+                                and _has_literal_index(a.slice):
+                            same = a
+                    elif isinstance(a, ast.Subscript) and isinstance(b, ast.Subscript) \
+                            and isinstance(a.value, ast.Name) and isinstance(b.value, ast.Name) \
+                            and a.value.id == b.value.id and _has_literal_index(a.slice) \
+                            and _has_literal_index(b.slice):
+                        sibling = True  # the copy's other index was edited
+                    else:
+                        break
+                else:
+                    if same is None or not sibling:
+                        continue
+                    name = same.value.id
+                    others = set().union(parts.get(name, set()),
+                                         *(parts.get(s, set()) for s in sources.get(name, ())))
+                    if len(others - {ast.unparse(same.slice)}) == 0:
+                        continue
+                    found.append({"line": stmt.lineno, "kind": "calls", "first": first.lineno,
+                                  "text": ast.unparse(same), "call": ast.unparse(second.func)})
+    return found
+
+
 class UnpackedSlicesMismatched(Rule):
     """
     ## What it does
@@ -145,12 +256,19 @@ class UnpackedSlicesMismatched(Rule):
     out[:, 0:1]`: the second column never read), and two row-aligned arrays sliced at
     disjoint row ranges (`x_cal, y_cal = x[2000:2500], labels[2500:3000]`) where another
     unpacking of the file pairs the same two arrays at one range (`x[:2000], labels[:2000]`).
-    It points at the unpacking.
+    It points at the unpacking. It also finds the copied call: two calls of one function a few
+    statements apart whose other arguments are sibling names (`r`/`r2`, `out_a`/`out_b`) or
+    other fixed parts of one tensor (`y[:, 1]`/`y[:, 2]`) while
+    one argument is the very same fixed part of one tensor (`masked_mse(r, y, v[:, 0:1])` then
+    `masked_mse(r2, y2, v[:, 0:1])`), a tensor the file (or the one it is a row pick of) also
+    takes at another fixed part; it points at the later call.
 
     ## Why is this bad?
     A copied slice whose index was not edited gives two quantities one value: a mean and its
     log-variance read from one output column, so the variance head is the mean and the
     Gaussian likelihood trains neither; one column of the network never reaches the loss.
+    A second task's loss masked with the first task's validity column trains on the rows the
+    first task has labels for (missing labels counted as targets) and skips its own.
     Rows of inputs paired with another split's labels teach (or calibrate, or score) the model
     on labels that belong to other samples. Nothing fails: the shapes agree, and the loss
     still moves.
@@ -176,14 +294,17 @@ class UnpackedSlicesMismatched(Rule):
     index of two tensors (`x[idx], y[idx]`); two names given one part when either is rebound
     afterwards in its block (a copy kept before an edit); a lag between two series
     (`x[:-1], y[1:]`: overlapping rows, not literal ranges); arrays never paired at one range
-    elsewhere in the file; an unpacking of a call (`mu, log_var = out.chunk(2, 1)`).
+    elsewhere in the file; an unpacking of a call (`mu, log_var = out.chunk(2, 1)`); two calls
+    that share a part on purpose (twin critics' `F.mse_loss(q1, y[:, 0])`, `F.mse_loss(q2,
+    y[:, 0])` where the file takes no other part of `y`), calls whose other arguments are not
+    siblings, calls with keywords.
     """
 
     code = "GD369"
     slug = "unpacked-slices-mismatched"
     severity = Severity.WARNING
     summary = ("one unpacking gives two names the same slice of one tensor, or slices two "
-               "row-aligned arrays at different rows")
+               "row-aligned arrays at different rows, or a copied call keeps the first call's slice")
     fix = "give each name its own part (out[:, 0:1], out[:, 1:2]); slice paired arrays at the same rows"
 
     def check(self, a):
@@ -193,6 +314,19 @@ class UnpackedSlicesMismatched(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
+            for hit in copied_calls(tree):
+                yield self.finding(
+                    f"this call of `{hit['call']}` repeats the call at line {hit['first']} with "
+                    f"its other arguments moved to their siblings, but passes the same "
+                    f"`{hit['text']}` again, though the file takes other parts of that tensor "
+                    f"elsewhere: a copied line whose index was not edited, so this term reads "
+                    f"the first one's part (another task's mask or column) and its own part "
+                    f"never reaches the computation",
+                    Location(path, hit["line"]),
+                    related=(Related(Location(path, hit["first"]), "the call it was copied from"),),
+                    evidence={"kind": "calls", "slice": hit["text"], "first_line": hit["first"]},
+                    fix=f"give this call its own part of the tensor instead of `{hit['text']}` "
+                        f"(the column or index of its own task)")
             for hit in mismatched_unpackings(tree):
                 first, second = hit["names"]
                 if hit["kind"] == "duplicate":
