@@ -48,6 +48,7 @@ from .. import events as ev
 from .graphpaths import saved, signed
 from .inlinable import watched
 from .lossfactor import python_number
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .patcher import put_back
 
@@ -267,7 +268,11 @@ class MaskedMeanWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._open = True
-        self._backwards = 0
+        # a later phase's backwards are read from the graph alone: torch's mean and sum are not
+        # wrapped again (they are passed around as values), so a finding there is placed at the
+        # loss's line rather than at its mean
+        self._graph_only = False
+        self._window = LossWindow(rec, _WINDOW, on_reopen=self._reopen)
         self._noted: dict = {}  # id of a masking node -> (the node, the line of its mean/sum)
         self._first: dict = {}  # mean line -> fingerprint of the first mask seen there
         self._restore: list = []
@@ -303,10 +308,14 @@ class MaskedMeanWatcher:
         except Exception as exc:
             self.rec.internal_error("masked mean", exc)
 
-    def describe_loss(self, tensors) -> dict:
+    def _reopen(self) -> None:
         if not self._open:
+            self._graph_only = True
+
+    def describe_loss(self, tensors) -> dict:
+        if not (self._open or self._graph_only):
             return {}
-        self._backwards += 1
+        self._window.take()
         noted, self._noted = self._noted, {}
         try:
             items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
@@ -315,8 +324,10 @@ class MaskedMeanWatcher:
                 self._judge(root, noted)
         except Exception as exc:
             self.rec.internal_error("masked mean", exc)
-        if self._backwards >= _WINDOW:
-            self._close()
+        if self._window.closed:
+            if self._open:
+                self._close()
+            self._graph_only = False
         return {}
 
     def _judge(self, root, noted) -> None:
