@@ -843,7 +843,10 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    set: the Function returned that input unchanged at two calls with grad on,
                    none of its inputs needing a gradient (its backward never runs); loc: the
                    user's line above the apply that cuts the graph (``.detach()``, ``.data``),
-                   else the apply call
+                   else the apply call. With surrogate set ({step, peak: the input where the
+                   forward steps and where the backward is largest, at_step, largest, finite,
+                   wrong_sign}): a one-step elementwise forward (a spike, a sign) whose backward,
+                   read along a line through the input's range, is no bump at the step
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
                    an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
@@ -1272,6 +1275,13 @@ mask_not_causal    cls (the module's class), param, mask (their attribute names)
                    centre, or a row below while the centre row's right part is hidden (loc: the
                    script's line running the module's first forward; an aside;
                    instrument/maskonce.py)
+mask_sees_itself   cls (the last masked layer's class), layers (masked linear layers chained
+                   through pointwise activations), inputs (d), blocks (k: outputs = k * d),
+                   seen (outputs' positions that depend on their own input), defined_at (as
+                   ``mask_regrown``'s) — a chain of 0/1-masked linear layers whose dependencies
+                   between positions form an order (MADE's) while outputs depend on their own
+                   position too (loc: the script's line running the last layer's first forward;
+                   an aside; instrument/maskonce.py)
 straight_through_cancelled forms ["add" | "sub": x + (y - x) or (y - x) + x, x - (x - y)],
                    kept [the class name of each cancelled node] — a loss whose graph sums a
                    tensor with a difference that subtracts it again, so its gradient along the
@@ -2068,9 +2078,11 @@ def causal_read_early(*, module: str, positions: list[int], read: int, length: i
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,
                     identity: bool = False, names: list[str] | None = None,
                     ignores_grad: bool = False, given_to: int | None = None,
-                    input_cut: bool = False) -> Made:
+                    input_cut: bool = False, surrogate: dict | None = None) -> Made:
     fields = {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
               "identity": identity, "names": names}
+    if surrogate is not None:
+        fields["surrogate"] = surrogate
     if ignores_grad:
         fields["ignores_grad"] = True
     if given_to is not None:
@@ -2157,6 +2169,12 @@ def mask_not_causal(*, cls: str, param: str, mask: str, kernel: list[int], open_
                     defined_at: list | None) -> Made:
     return "mask_not_causal", {"cls": cls, "param": param, "mask": mask, "kernel": kernel,
                                "open_after": open_after, "defined_at": defined_at}
+
+
+def mask_sees_itself(*, cls: str, layers: int, inputs: int, blocks: int, seen: int,
+                     defined_at: list | None) -> Made:
+    return "mask_sees_itself", {"cls": cls, "layers": layers, "inputs": inputs, "blocks": blocks,
+                                "seen": seen, "defined_at": defined_at}
 
 
 def straight_through_cancelled(*, forms: list[str], kept: list[str]) -> Made:
@@ -2642,7 +2660,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "copies_identical": copies_identical, "mask_regrown": mask_regrown,
-    "mask_not_causal": mask_not_causal,
+    "mask_not_causal": mask_not_causal, "mask_sees_itself": mask_sees_itself,
     "straight_through_cancelled": straight_through_cancelled, "state_not_loaded": state_not_loaded,
     "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
@@ -2661,7 +2679,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
-                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "straight_through_cancelled", "dependency",
+                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
