@@ -44,6 +44,7 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
 from .deadterm import DeadTermWatcher
+from .logdetpositions import LogDetPositionsWatcher
 from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
@@ -434,6 +435,9 @@ class Instrumentation:
         self.watchers.append(concave)
         # a log-scale held linearly and through exp(+-s) pulling the same way (log-det-sign-reversed)
         rec.subscribe(DESCRIBE_LOSS, LogScaleWatcher(rec).describe_loss)
+        # a log-det of a transform shared over an image's positions counted once
+        # (log-det-misses-positions)
+        rec.subscribe(DESCRIBE_LOSS, LogDetPositionsWatcher(rec).describe_loss)
         # scores of embeddings looked up at randomly drawn indices, and which way the loss
         # pushes them (sampled-negatives-pushed-up): random draws wrapped, node hooks on the
         # scores at the first backwards
