@@ -1198,6 +1198,11 @@ concave_term       form ("where" | "min": a choice between two tensors of opposi
                    loss with q and q - 1 swapped), held by a backward's loss with a positive
                    sign — at the first 3 backwards (loc: the call; an aside;
                    instrument/concave.py)
+flow_identity_dims dims [feature columns, 16 at most], features (the latent's width), line
+                   (the backward's line): the latent a square of the loss saves equals, in those
+                   columns, the data a product of the graph saves, every row, while other
+                   columns differ — at the first 3 backwards of each line (loc: the backward;
+                   an aside; instrument/flowidentity.py)
 log_det_positions  op ("slogdet": log|det W| of a 1x1 convolution's weight; "sum": the sum of
                    a parameter shaped with size-1 axes that scales a tensor broadcast over them),
                    positions (the positions the transform is applied at), params [pid] (the
@@ -2538,6 +2543,10 @@ def log_det_positions(*, op: str, positions: int, params: list[int], line: int |
     return "log_det_positions", {"op": op, "positions": positions, "params": params, "line": line}
 
 
+def flow_identity_dims(*, dims: list[int], features: int, line: int | None = None) -> Made:
+    return "flow_identity_dims", {"dims": dims, "features": features, "line": line}
+
+
 def concave_term(*, form: str, negative: float, line: int | None = None) -> Made:
     return "concave_term", {"form": form, "negative": negative, "line": line}
 
@@ -2625,7 +2634,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
-    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "log_det_positions": log_det_positions, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
+    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "log_det_positions": log_det_positions, "flow_identity_dims": flow_identity_dims, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "input_written": input_written, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2693,7 +2702,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
