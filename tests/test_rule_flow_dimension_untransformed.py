@@ -59,3 +59,17 @@ def test_the_rule_warns_with_the_columns():
     t.step(0, line=10)
     f, = findings(t.trace, SLUG)
     assert "column 0 (of 2)" in f.message and "alternate the masks" in f.fix
+
+
+def test_a_comprehension_giving_every_layer_the_same_mask_is_the_line():
+    import ast
+
+    from graddoctor.rules.flow_dimension_untransformed import _same_mask_every_layer
+
+    src = ("masks = [torch.tensor([1.0, 0.0]) for i in range(6)]\n"
+           "layers = nn.ModuleList([Coupling(m) for m in masks])\n")
+    assert _same_mask_every_layer(ast.parse(src)) == 1
+    src = ("masks = [torch.tensor([1.0, 0.0]) if i % 2 == 0 else torch.tensor([0.0, 1.0]) for i in range(6)]\n"
+           "layers = nn.ModuleList([Coupling(self.mask) for _ in range(4)])\n")
+    assert _same_mask_every_layer(ast.parse(src)) == 2
+    assert _same_mask_every_layer(ast.parse("layers = [Coupling() for _ in range(4)]\n")) is None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -13,7 +15,9 @@ class FlowDimensionUntransformed(Rule):
     the data batch the flow's first products read (`x * exp(s)`), in every row, while its
     other columns differ. Read from the loss's graph at the first backwards of each line (a
     flow whose layers all start as the identity equals the data everywhere: no verdict until
-    they move); it points at the loss's assignment.
+    they move); it points at the script's one comprehension that builds the layers' masks
+    without reading its loop variable (`[torch.tensor([1.0, 0.0]) for i in range(n)]`), else at
+    the loss's assignment.
 
     ## Why is this bad?
     A coupling layer transforms one part of its input conditioned on the other; the layers must
@@ -54,8 +58,11 @@ class FlowDimensionUntransformed(Rule):
             dims, d = e["dims"], e["features"]
             loc = e.loc
             if loc is not None:
+                same = _same_mask_every_layer(a.source.tree(loc.path))
                 assigned = a.source.loss_assignment(loc.path, loc.line)
-                if assigned is not None:  # the NLL the untouched coordinates sit in
+                if same is not None:  # the layers' masks, built alike whatever the layer
+                    loc = Location(loc.path, same)
+                elif assigned is not None:  # the NLL the untouched coordinates sit in
                     loc = Location(loc.path, assigned[0])
             shown = ", ".join(str(j) for j in dims[:6]) + (" …" if len(dims) > 6 else "")
             yield self.finding(
@@ -69,3 +76,26 @@ class FlowDimensionUntransformed(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"dims": dims, "features": d})
             return
+
+
+def _same_mask_every_layer(tree) -> int | None:
+    """The line of the file's one list comprehension whose element mentions a mask (a name or
+    attribute with "mask" in it, or is assigned to one) and never reads the comprehension's
+    loop variables: every layer gets the same mask."""
+    if tree is None:
+        return None
+    found = []
+    named = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any("mask" in ast.unparse(t).lower() for t in n.targets)}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            continue
+        loop_vars = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        used = {n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name)}
+        if loop_vars & used:
+            continue
+        words = [n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name)] + \
+            [n.attr for n in ast.walk(node.elt) if isinstance(n, ast.Attribute)]
+        if id(node) in named or any("mask" in w.lower() for w in words):
+            found.append(node.lineno)
+    return found[0] if len(found) == 1 else None
