@@ -843,7 +843,10 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    set: the Function returned that input unchanged at two calls with grad on,
                    none of its inputs needing a gradient (its backward never runs); loc: the
                    user's line above the apply that cuts the graph (``.detach()``, ``.data``),
-                   else the apply call
+                   else the apply call. With surrogate set ({step, peak: the input where the
+                   forward steps and where the backward is largest, at_step, largest, finite,
+                   wrong_sign}): a one-step elementwise forward (a spike, a sign) whose backward,
+                   read along a line through the input's range, is no bump at the step
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
                    an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
@@ -1204,6 +1207,18 @@ concave_term       form ("where" | "min": a choice between two tensors of opposi
                    loss with q and q - 1 swapped), held by a backward's loss with a positive
                    sign — at the first 3 backwards (loc: the call; an aside;
                    instrument/concave.py)
+flow_identity_dims dims [feature columns, 16 at most], features (the latent's width), line
+                   (the backward's line): the latent a square of the loss saves equals, in those
+                   columns, the data a product of the graph saves, every row, while other
+                   columns differ — at the first 3 backwards of each line (loc: the backward;
+                   an aside; instrument/flowidentity.py)
+log_det_positions  op ("slogdet": log|det W| of a 1x1 convolution's weight; "sum": the sum of
+                   a parameter shaped with size-1 axes that scales a tensor broadcast over them),
+                   positions (the positions the transform is applied at), params [pid] (the
+                   parameter, when tracked), line (the backward's line): the loss holds that
+                   log-det with no constant factor while the transform covers more positions
+                   — at the first 3 backwards of each line (loc: the backward; an aside;
+                   instrument/logdetpositions.py)
 log_scale_reversed linear (+1 | -1: the sign the loss's linear top holds a log-scale s with),
                    exp (+1 | -1: the sign an exp(±s) below a product or square takes it with),
                    op (s's autograd node), params [pid] (tracked tensors s reaches), bounded (s
@@ -1281,6 +1296,13 @@ mask_not_causal    cls (the module's class), param, mask (their attribute names)
                    centre, or a row below while the centre row's right part is hidden (loc: the
                    script's line running the module's first forward; an aside;
                    instrument/maskonce.py)
+mask_sees_itself   cls (the last masked layer's class), layers (masked linear layers chained
+                   through pointwise activations), inputs (d), blocks (k: outputs = k * d),
+                   seen (outputs' positions that depend on their own input), defined_at (as
+                   ``mask_regrown``'s) — a chain of 0/1-masked linear layers whose dependencies
+                   between positions form an order (MADE's) while outputs depend on their own
+                   position too (loc: the script's line running the last layer's first forward;
+                   an aside; instrument/maskonce.py)
 straight_through_cancelled forms ["add" | "sub": x + (y - x) or (y - x) + x, x - (x - y)],
                    kept [the class name of each cancelled node] — a loss whose graph sums a
                    tensor with a difference that subtracts it again, so its gradient along the
@@ -2077,9 +2099,11 @@ def causal_read_early(*, module: str, positions: list[int], read: int, length: i
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,
                     identity: bool = False, names: list[str] | None = None,
                     ignores_grad: bool = False, given_to: int | None = None,
-                    input_cut: bool = False) -> Made:
+                    input_cut: bool = False, surrogate: dict | None = None) -> Made:
     fields = {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
               "identity": identity, "names": names}
+    if surrogate is not None:
+        fields["surrogate"] = surrogate
     if ignores_grad:
         fields["ignores_grad"] = True
     if given_to is not None:
@@ -2166,6 +2190,12 @@ def mask_not_causal(*, cls: str, param: str, mask: str, kernel: list[int], open_
                     defined_at: list | None) -> Made:
     return "mask_not_causal", {"cls": cls, "param": param, "mask": mask, "kernel": kernel,
                                "open_after": open_after, "defined_at": defined_at}
+
+
+def mask_sees_itself(*, cls: str, layers: int, inputs: int, blocks: int, seen: int,
+                     defined_at: list | None) -> Made:
+    return "mask_sees_itself", {"cls": cls, "layers": layers, "inputs": inputs, "blocks": blocks,
+                                "seen": seen, "defined_at": defined_at}
 
 
 def straight_through_cancelled(*, forms: list[str], kept: list[str]) -> Made:
@@ -2524,6 +2554,14 @@ def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int],
                                   "bounded": bounded, "line": line}
 
 
+def log_det_positions(*, op: str, positions: int, params: list[int], line: int | None = None) -> Made:
+    return "log_det_positions", {"op": op, "positions": positions, "params": params, "line": line}
+
+
+def flow_identity_dims(*, dims: list[int], features: int, line: int | None = None) -> Made:
+    return "flow_identity_dims", {"dims": dims, "features": features, "line": line}
+
+
 def concave_term(*, form: str, negative: float, line: int | None = None) -> Made:
     return "concave_term", {"form": form, "negative": negative, "line": line}
 
@@ -2611,7 +2649,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
-    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
+    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "log_det_positions": log_det_positions, "flow_identity_dims": flow_identity_dims, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "input_written": input_written, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2658,7 +2696,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "copies_identical": copies_identical, "mask_regrown": mask_regrown,
-    "mask_not_causal": mask_not_causal,
+    "mask_not_causal": mask_not_causal, "mask_sees_itself": mask_sees_itself,
     "straight_through_cancelled": straight_through_cancelled, "state_not_loaded": state_not_loaded,
     "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
@@ -2677,10 +2715,10 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
-                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "straight_through_cancelled", "dependency",
+                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

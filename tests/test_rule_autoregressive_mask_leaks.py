@@ -116,3 +116,102 @@ def test_the_rule_points_at_the_mask_write_of_the_class(tmp_path):
     found = list(find_rule(SLUG)().check(Analysis(t.trace)))
     assert [f.location.line for f in found] == [4]
     assert "kh // 2 + 1:" in found[0].fix
+
+
+# -- masked linear layers that order their inputs and read their own (mask_sees_itself) -------
+
+def _made_chains(hidden_cmp, out_cmp, *, interleave=False, d=5, hidden=20):
+    """The maximal chains the watcher builds for a 3-layer MADE whose hidden and output masks
+    compare degrees with the given operators, run once."""
+    import operator
+
+    import torch
+    import torch.nn.functional as F
+    from graddoctor.instrument.maskonce import MaskOnceWatcher
+
+    ops = {">": operator.gt, ">=": operator.ge}
+    g = torch.Generator().manual_seed(0)
+    m_in = torch.arange(1, d + 1)
+    m1 = torch.randint(1, d, (hidden,), generator=g)
+    m2 = torch.randint(1, d, (hidden,), generator=g)
+    m_out = m_in.repeat_interleave(2) if interleave else torch.cat([m_in, m_in])
+    masks = [ops[hidden_cmp](m1[:, None], m_in[None, :]), ops[hidden_cmp](m2[:, None], m1[None, :]),
+             ops[out_cmp](m_out[:, None], m2[None, :])]
+
+    class Masked(torch.nn.Linear):
+        def __init__(self, mask):
+            super().__init__(mask.shape[1], mask.shape[0])
+            self.register_buffer("mask", mask.float())
+
+        def forward(self, x):
+            return F.linear(x, self.weight * self.mask, self.bias)
+
+    layers = [Masked(m) for m in masks]
+    watcher = MaskOnceWatcher.__new__(MaskOnceWatcher)
+    watcher._steps, watcher._outputs, watcher._extended, watcher._chain_loc = 0, {}, set(), {}
+    watcher.rec = type("Rec", (), {"here": lambda self: None})()
+    h = torch.randn(4, d)
+    for i, layer in enumerate(layers):
+        out = layer(h)
+        params = [("weight", layer.weight)]
+        watcher._chain(layer, params, [("mask", layer.mask == 0)], (h,), out)
+        h = torch.relu(out) if i < 2 else out
+    return [c for key, (_n, c) in watcher._outputs.items() if key not in watcher._extended]
+
+
+def _judge(chain):
+    import types
+    from graddoctor.instrument.maskonce import MaskOnceWatcher
+
+    told = []
+    fake = types.SimpleNamespace(rec=types.SimpleNamespace(
+        here=lambda: None, finder=types.SimpleNamespace(is_user_file=lambda p: False),
+        emit_aside=lambda made, loc: told.append(made[1])))
+    MaskOnceWatcher._sees_itself(fake, chain, None)
+    return told
+
+
+def test_the_watcher_chains_masked_layers_through_activations_and_tells_a_loose_output():
+    chains = _made_chains(">=", ">=")
+    assert [len(c) for c in chains] == [3]
+    told = _judge(chains[0])
+    assert told and told[0]["layers"] == 3 and told[0]["inputs"] == 5 and told[0]["blocks"] == 2
+    assert told[0]["seen"] >= 1
+
+
+def test_a_strict_output_shifted_or_interleaved_made_is_not_told():
+    assert _judge(_made_chains(">=", ">")[0]) == []
+    assert _judge(_made_chains(">=", ">", interleave=True)[0]) == []
+    assert _judge(_made_chains(">=", ">=", interleave=True)[0])  # interleaved and loose: told
+
+
+def test_random_and_block_diagonal_masks_are_not_told():
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    rand = [((torch.rand(16, 4, generator=g) < 0.6), None), ((torch.rand(8, 16, generator=g) < 0.6), None)]
+    assert _judge(rand) == []
+    blocks = torch.block_diag(*[torch.ones(4, 2, dtype=torch.bool)] * 2)
+    assert _judge([(blocks, None), (blocks.t(), None)]) == []
+
+
+def test_the_rule_points_at_the_last_loose_degree_comparison(tmp_path):
+    from graddoctor import events as ev
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "class MADE(nn.Module):\n"                                           # 1
+        "    def __init__(self):\n"                                          # 2
+        "        self.l1.set_mask(m1[:, None] >= m0[None, :])\n"             # 3
+        "        self.l2.set_mask(m_out[:, None] >= m1[None, :])\n"          # 4
+        "loss.backward()\n")                                                 # 5
+    t = TraceBuilder(str(script))
+    t.put(ev.mask_sees_itself(cls="MaskedLinear", layers=2, inputs=4, blocks=2, seen=3,
+                              defined_at=[str(script), 1, 4]), 5)
+    found = list(find_rule(SLUG)().check(Analysis(t.trace)))
+    assert [f.location.line for f in found] == [4]
+    assert found[0].severity is Severity.WARNING and "strict" in found[0].fix
+    # a strict comparison in the file: the comparisons are not all loose, the forward's line stays
+    script.write_text(script.read_text().replace("m_out[:, None] >= m1", "m_out[:, None] > m1"))
+    found = list(find_rule(SLUG)().check(Analysis(t.trace)))
+    assert [f.location.line for f in found] == [5]

@@ -385,3 +385,63 @@ def test_the_cut_input_finding_names_the_reversal():
                              identity=True, names=["GradReverse"], input_cut=True), 30)
     f = only(t, SLUG)
     assert f.location.line == 30 and "needs no gradient" in f.message and "backward never runs" in f.message
+
+
+# -- a step forward whose surrogate backward is no bump at the step -----------------------------
+
+def _surrogate(backward, step_at=0.0, reach=3.0):
+    """``_surrogate_off_step`` for a spike at ``step_at`` whose backward is ``backward(v)``."""
+    from graddoctor.instrument.customfn import _surrogate_off_step
+
+    class Spike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            ctx.save_for_backward(v)
+            return (v > step_at).to(v.dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            v, = ctx.saved_tensors
+            return grad * backward(v)
+
+    def run(xs, grad):
+        with torch.set_grad_enabled(grad):
+            return [Spike.apply(xs[0])]
+
+    base = [torch.linspace(-reach, reach, 7, dtype=torch.float64)]
+    return _surrogate_off_step(run, base, 0)
+
+
+def test_bumps_at_the_step_are_surrogates():
+    assert _surrogate(lambda v: 1 / (10 * v.abs() + 1) ** 2) is None
+    assert _surrogate(lambda v: (v.abs() < 0.5).to(v.dtype)) is None
+    assert _surrogate(lambda v: torch.ones_like(v)) is None          # straight through
+    assert _surrogate(lambda v: torch.exp(-(v - 1) ** 2), step_at=1.0) is None
+
+
+def test_a_pole_a_bump_elsewhere_and_a_wrong_sign_are_told():
+    pole = _surrogate(lambda v: 1 / (10 * v + 1) ** 2)
+    assert pole is not None and abs(pole["peak"] + 0.1) < 0.01
+    elsewhere = _surrogate(lambda v: torch.exp(-v ** 2 / 0.5), step_at=1.0)
+    assert elsewhere is not None and abs(elsewhere["peak"]) < 0.01 and abs(elsewhere["step"] - 1) < 0.01
+    assert _surrogate(lambda v: -1 / (v.abs() + 1))["wrong_sign"] is True
+
+
+def test_the_rule_names_a_surrogate_at_the_backwards_return(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+
+    script = tmp_path / "snn.py"
+    script.write_text(
+        "class Spike(torch.autograd.Function):\n"            # 1
+        "    @staticmethod\n"                                # 2
+        "    def backward(ctx, grad):\n"                     # 3
+        "        v, = ctx.saved_tensors\n"                   # 4
+        "        return grad / (10 * v + 1) ** 2\n"          # 5
+        "loss.backward()\n")                                 # 6
+    t = TraceBuilder(str(script))
+    info = {"step": 0.0, "peak": -0.1, "at_step": 1.0, "largest": 3e5, "finite": True, "wrong_sign": False}
+    t.put(ev.custom_backward(cls="Spike", input=0, ratio=None, forward=[str(script), 6], surrogate=info),
+          3)
+    f, = find_rule("custom-backward-wrong")().check(Analysis(t.trace))
+    assert f.location.line == 5 and "-0.1" in f.message and "abs()" in f.fix

@@ -121,3 +121,32 @@ def test_a_flow_summing_its_log_dets_with_a_minus_is_pointed_at_the_sum(tmp_path
                       .replace("+ log_det).mean()", "- log_det).mean()"))
     f, = find_rule(SLUG)().check(Analysis(t.trace))
     assert f.location.line == 6
+
+
+def test_a_minus_sum_is_pointed_at_when_the_log_det_is_added_in_a_called_function(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "flow.py"
+    script.write_text(
+        "import torch\n"                                                  # 1
+        "def log_prob(x):\n"                                              # 2
+        "    log_det = torch.zeros(8)\n"                                  # 3
+        "    for layer in layers:\n"                                      # 4
+        "        x, ld = layer(x)\n"                                      # 5
+        "        log_det = log_det - ld\n"                                # 6
+        "    return -0.5 * (x ** 2).sum(1) + log_det\n"                   # 7
+        "loss = -log_prob(batch).mean()\n"                                # 8
+        "loss.backward()\n")                                              # 9
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.log_scale_reversed(linear=1.0, exp=1.0, op="MulBackward0", params=[0, 1],
+                                bounded=False, line=9), line=9)
+    t.backward(fresh=[0, 1], line=9)
+    t.step(0, line=10)
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 6
+    # without any place adding the log-det, the loss's line stays the line to change
+    script.write_text(script.read_text().replace("+ log_det\n", "- log_det\n"))
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 8

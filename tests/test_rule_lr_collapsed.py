@@ -168,3 +168,21 @@ def test_a_scheduler_also_stepped_per_batch_is_reported_at_that_step():
 def test_a_schedule_not_counted_in_epochs_stepped_at_two_lines_keeps_the_construction():
     f = _found(_stepped_per_batch_and_per_epoch(cls="LambdaLR"))[0]
     assert f.location.line == 3
+
+
+def test_a_lambda_lr_given_a_function_of_the_script_points_at_its_return(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.lr_collapsed import _lambda_return
+    from graddoctor.trace import Location, TraceBuilder
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "def rule(epoch):\n"                                          # 1
+        "    return 1.0 - epoch / 10\n"                               # 2
+        "sched = LambdaLR(opt, lr_lambda=rule)\n"                     # 3
+        "other = LambdaLR(opt, lambda e: 0.5 ** e)\n"                 # 4
+        "third = [LambdaLR(o, rule) for o in opts]\n")                # 5
+    a = Analysis(TraceBuilder(str(script)).trace)
+    assert _lambda_return(a, Location(str(script), 3)) == 2
+    assert _lambda_return(a, Location(str(script), 4)) is None      # inline: on the construction
+    assert _lambda_return(a, Location(str(script), 5)) == 2

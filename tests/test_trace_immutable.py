@@ -143,6 +143,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
             "losses/bad_loss_term_concave_where.py",  # concave_term
             "losses/bad_log_det_sign_reversed_coupling.py",  # log_scale_reversed
+            "masks/bad_autoregressive_mask_made_output_loose.py",  # mask_sees_itself
+            "losses/bad_log_det_misses_positions_actnorm.py",  # log_det_positions
+            "losses/bad_flow_dimension_untransformed_halves.py",  # flow_identity_dims
             "losses/bad_sampled_negatives_pushed_up_bpr.py",  # sampled_scores
             "losses/bad_loss_weight_kendall_unregularised.py",  # loss_weight_learned
             "losses/bad_mixed_reduction_betavae.py",  # batch_reduction

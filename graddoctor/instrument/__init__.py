@@ -44,6 +44,8 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
 from .deadterm import DeadTermWatcher
+from .flowidentity import FlowIdentityWatcher
+from .logdetpositions import LogDetPositionsWatcher
 from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
@@ -440,6 +442,12 @@ class Instrumentation:
         self.watchers.append(concave)
         # a log-scale held linearly and through exp(+-s) pulling the same way (log-det-sign-reversed)
         rec.subscribe(DESCRIBE_LOSS, LogScaleWatcher(rec).describe_loss)
+        # a log-det of a transform shared over an image's positions counted once
+        # (log-det-misses-positions)
+        rec.subscribe(DESCRIBE_LOSS, LogDetPositionsWatcher(rec).describe_loss)
+        # a coupling flow whose layers leave some coordinates of the data untransformed
+        # (flow-dimension-untransformed)
+        rec.subscribe(DESCRIBE_LOSS, FlowIdentityWatcher(rec).describe_loss)
         # scores of embeddings looked up at randomly drawn indices, and which way the loss
         # pushes them (sampled-negatives-pushed-up): random draws wrapped, node hooks on the
         # scores at the first backwards

@@ -20,6 +20,14 @@ piecewise-constant forward (a straight-through estimator, a surrogate gradient: 
 derivative is zero or jumps), classes defined outside the user's files (torch's checkpointing,
 libraries).
 
+A forward that is flat where it was compared, one elementwise step between two values (a
+spike ``(v > 0).float()``, a ``sign``), is read along a line instead: forward and backward
+(incoming gradient of ones) on 4001 points spanning the range of the input it got. A surrogate
+gradient is a bump at the step (a fast sigmoid's, a triangle, a box, an arctan's); a backward
+with a value of the wrong sign, an infinite one, or a largest value more than 4 times its value
+at the step (the bump centred elsewhere, a pole: ``1 / (k * v + 1) ** 2`` without ``abs``) is
+recorded as a ``custom_backward`` aside with ``surrogate``.
+
 A forward that returns one of its inputs unchanged (a gradient-reversal or gradient-scaling
 layer: a backward that is not the forward's derivative is its purpose) is not compared with
 finite differences. What its backward does is read from the run instead: at its next calls with
@@ -78,6 +86,14 @@ class _Identity(NamedTuple):
     """A forward that returned its input number ``index`` unchanged."""
 
     index: int
+
+
+class _Surrogate(NamedTuple):
+    """A step forward (a spike, a binarisation) whose backward, read along a line through the
+    step, is not a bump at it: ``info`` holds where the step and the largest value are."""
+
+    index: int
+    info: dict
 
 
 class _Misrouted(NamedTuple):
@@ -143,6 +159,13 @@ class CustomFunctionWatcher:
                     ev.custom_backward(cls=cls.__qualname__, input=found.needed, ratio=None,
                                        forward=[loc.path, loc.line] if loc is not None else None,
                                        given_to=found.given_to),
+                    self._backward_location(cls) or loc)
+            elif isinstance(found, _Surrogate):
+                loc = self.rec.here(3)
+                self.rec.emit_aside(
+                    ev.custom_backward(cls=cls.__qualname__, input=found.index, ratio=None,
+                                       forward=[loc.path, loc.line] if loc is not None else None,
+                                       surrogate=found.info),
                     self._backward_location(cls) or loc)
             elif isinstance(found, _Identity):
                 self._passing[cls] = [found.index, _PASS_THROUGH_CALLS]
@@ -392,6 +415,7 @@ class CustomFunctionWatcher:
                     return i, None, True
             base = [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
             for i, grad in zip(wanted, grads):
+                flat = False
                 ratios = []
                 for _ in range(2):
                     u = torch.randn(base[i].shape, generator=generator, dtype=torch.float64,
@@ -408,6 +432,7 @@ class CustomFunctionWatcher:
                     size = max(abs(analytic), abs(fine))
                     if abs(fine) < 1e-9 * max(abs(analytic), 1.0):
                         ratios = None  # a flat forward: a straight-through or surrogate gradient
+                        flat = True
                         break
                     if abs(analytic - fine) <= _TOLERANCE * size + 1e-10:
                         ratios = None  # agrees
@@ -417,6 +442,10 @@ class CustomFunctionWatcher:
                     ratio = ratios[0] if len(ratios) == 2 and \
                         abs(ratios[0] - ratios[1]) <= 1e-3 * max(abs(ratios[0]), 1e-12) else None
                     return i, ratio, False
+                if flat and len(wanted) == 1 and len(outs) == 1 and outs[0].shape == base[i].shape:
+                    info = _surrogate_off_step(run, base, i)
+                    if info is not None:
+                        return _Surrogate(i, info)
         return None
 
     def install(self, patcher) -> None:
@@ -475,3 +504,48 @@ def _no_autocast(device):
         return torch.autocast(device.type, enabled=False)
     except Exception:
         return contextlib.nullcontext()
+
+
+_GRID = 4001  # points of the line a step's surrogate gradient is read along
+_PEAK = 4.0  # a surrogate's largest value over its value at the step, at most
+
+
+def _surrogate_off_step(run, base, i) -> dict | None:
+    """For an elementwise forward that is one step between two values along the line through
+    the range of the input it got (a spike ``(v > 0).float()``, a ``sign``), what its backward
+    returns along that line for an incoming gradient of ones: a dict when it is not a bump at
+    the step (a value below zero, an infinite one, or a largest value more than ``_PEAK`` times
+    the one at the step: the surrogate is centred elsewhere or has a pole); else None."""
+    reach = float(base[i].abs().max())
+    if not reach > 0:
+        return None
+    line = torch.linspace(-reach, reach, _GRID, dtype=torch.float64, device=base[i].device)
+    xs = list(base)
+    xs[i] = line.clone().requires_grad_(True)
+    try:
+        outs = run(xs, True)
+    except Exception:
+        return None  # the other arguments do not broadcast against a line
+    if len(outs) != 1 or outs[0].shape != line.shape or not outs[0].requires_grad:
+        return None
+    y = outs[0].detach()
+    changes = (y[1:] != y[:-1]).nonzero().flatten()
+    if changes.numel() != 1 or torch.unique(y).numel() != 2:
+        return None
+    g, = torch.autograd.grad(outs[0], xs[i], torch.ones_like(line), allow_unused=True)
+    if g is None:
+        return None
+    j = int(changes[0])
+    at_step = float(torch.maximum(g[j].abs(), g[j + 1].abs()))
+    finite = bool(torch.isfinite(g).all())
+    shown = torch.where(torch.isfinite(g), g, torch.full_like(g, float("inf")))
+    top = int(shown.abs().argmax())
+    rising = bool(y[j + 1] > y[j])
+    sign = 1.0 if rising else -1.0
+    negative = bool((sign * g < -1e-12 * max(at_step, 1.0)).any())
+    high = float(shown.abs()[top])
+    if finite and not negative and (at_step > 0 and high <= _PEAK * at_step or at_step == 0 and high == 0):
+        return None
+    return {"step": round(float(line[j] + line[j + 1]) / 2, 6), "peak": round(float(line[top]), 6),
+            "at_step": at_step, "largest": high if finite else None, "finite": finite,
+            "wrong_sign": negative}

@@ -31,6 +31,18 @@ raster order) and none before it, yet keeps part of a row below the centre, or k
 while the rest of the centre row is hidden: a ``mask_not_causal`` aside, once per module
 (autoregressive-mask-leaks). A vertical stack's mask (whole rows below hidden) is no leak.
 
+At the first forward of a module whose 2-D parameter (a linear layer's weight) has a 0/1 mask of
+its own shape, the layer is chained to the masked layer whose output its input is, through
+pointwise activations only (MADE's masked linear layers with a ReLU between): at the first
+optimizer step, each chain of two such layers or more, read from the inputs to its last
+layer's outputs, gives which input each output depends on. When the outputs are k blocks of
+the inputs' size (MADE's ``mu, alpha = out.chunk(2, 1)``, or ``view(d, k)`` interleaved) and,
+in one layout, the dependencies between different positions form an order (no cycle, some
+edge) while some output depends on its own position, with no layout that depends on no
+position of its own: a ``mask_sees_itself`` aside (autoregressive-mask-leaks). A correct
+MADE (output degrees compared strictly), random pruning masks (their products connect
+everything) and block-diagonal masks (cycles in a block) are no such leak.
+
 A mask used in the forward (``F.linear(x, self.weight * self.mask)``) gives the masked entries a
 zero gradient, so a weight masked at initialisation stays zero there: silent. So are masks
 re-applied after each step, ``torch.nn.utils.prune`` (``weight_orig`` is not zeroed), masks
@@ -58,6 +70,14 @@ _CHECKS = 3  # forwards after an update that find the masked entries still zero:
 _MODULES = 4096  # modules looked at, at most
 _MIN_MASKED = 2  # masked entries a candidate needs
 _KEPT = 0.5  # a candidate's weight is nonzero on at least this share of its unmasked entries
+_CHAIN_HOPS = 4  # pointwise nodes between two chained masked layers, at most
+_CHAIN_DIM = 1024  # inputs of a chain whose dependencies are read, at most
+# autograd nodes of elementwise activations (and their no-op neighbours) between chained layers
+_POINTWISE = frozenset({
+    "ReluBackward0", "TanhBackward0", "SigmoidBackward0", "EluBackward0", "LeakyReluBackward0",
+    "GeluBackward0", "SiluBackward0", "SoftplusBackward0", "HardtanhBackward0", "MishBackward0",
+    "CloneBackward0", "NativeDropoutBackward0", "PreluKernelBackward0", "HardswishBackward0",
+})
 
 
 def _mask_of(value) -> torch.Tensor | None:
@@ -104,6 +124,10 @@ class MaskOnceWatcher:
         self._seen: weakref.WeakSet = weakref.WeakSet()
         # module -> [[param name, mask name, zeros, param version, checks], ...]
         self._candidates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # id(output's grad_fn) -> (that node, the chain of masked layers ending there: [(keep, module)])
+        self._outputs: dict = {}
+        self._extended: set = set()  # ids of the nodes whose chain a later layer extended
+        self._chain_loc = {}  # id(output's grad_fn) -> the script's line of that layer's forward
         rec.subscribe(STEPPED, self.after_step)
 
     def _stop(self) -> None:
@@ -117,6 +141,20 @@ class MaskOnceWatcher:
 
     def after_step(self, opt: int, optimizer) -> None:
         self._steps += 1
+        if self._outputs:
+            outputs, self._outputs = self._outputs, {}
+            extended, self._extended = self._extended, set()
+            where, self._chain_loc = self._chain_loc, {}
+            try:
+                told = set()
+                for key, (_node, chain) in outputs.items():
+                    if key in extended or len(chain) < 2:
+                        continue
+                    cls = type(chain[-1][1]).__name__
+                    if cls not in told and self._sees_itself(chain, where.get(key)):
+                        told.add(cls)
+            except Exception as exc:
+                self.rec.internal_error("masks applied once", exc)
         if self._steps >= _WINDOW_STEPS:
             self._stop()
 
@@ -139,13 +177,13 @@ class MaskOnceWatcher:
                 if len(self._seen) >= _MODULES:
                     return None
                 self._seen.add(module)
-                self._note(module)
+                self._note(module, args, output)
         except Exception as exc:
             self._stop()
             self.rec.internal_error("masks applied once", exc)
         return None
 
-    def _note(self, module) -> None:
+    def _note(self, module, args=(), output=None) -> None:
         params = [(name, p) for name, p in module._parameters.items()
                   if p is not None and p.requires_grad and p.is_floating_point()
                   and p.device.type == "cpu" and p.dim() >= 1]
@@ -155,6 +193,7 @@ class MaskOnceWatcher:
         if not masks:
             return
         self._causal(module, params, masks)
+        self._chain(module, params, masks, args, output)
         found = []
         with torch.no_grad():
             for pname, param in params:
@@ -207,6 +246,69 @@ class MaskOnceWatcher:
                 open_after = [[int(r) + ch + 1, int(c)] for r, c in (~below).nonzero().tolist()][:8]
                 self._tell_leak(module, pname, mname, [int(kh), int(kw)], open_after)
                 return
+
+    def _chain(self, module, params, masks, args, output) -> None:
+        """Chain a masked linear layer (a 2-D parameter with a 0/1 mask of its shape) to the
+        masked layer whose output its input is, through pointwise activations only."""
+        if self._steps or not isinstance(output, torch.Tensor) or output.grad_fn is None:
+            return
+        keep = next((~zeros for _pname, param in params if param.dim() == 2
+                     for _mname, zeros in masks if zeros.shape == param.shape), None)
+        if keep is None:
+            return
+        chain = []
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        node = x.grad_fn if x is not None else None
+        for _ in range(_CHAIN_HOPS + 1):
+            if node is None:
+                break
+            found = self._outputs.get(id(node))
+            if found is not None and found[0] is node:
+                if found[1][-1][0].shape[0] == keep.shape[1]:
+                    chain = found[1]
+                    self._extended.add(id(node))
+                break
+            if type(node).__name__ not in _POINTWISE or not node.next_functions:
+                break
+            node = node.next_functions[0][0]
+        key = id(output.grad_fn)
+        self._outputs[key] = (output.grad_fn, chain + [(keep, module)])
+        self._chain_loc[key] = self.rec.here()
+
+    def _sees_itself(self, chain, loc) -> bool:
+        """Emit ``mask_sees_itself`` when the chain's outputs, read as k blocks of its inputs,
+        depend on the positions before them in some order and some on their own position."""
+        with torch.no_grad():
+            reach = chain[0][0].float()
+            for keep, _module in chain[1:]:
+                reach = (keep.float() @ reach).clamp_(max=1.0)
+        out, d = reach.shape
+        if d < 2 or d > _CHAIN_DIM or out % d:
+            return False
+        k = out // d
+        reach = reach > 0
+        layouts = [reach.view(k, d, d).any(0), reach.view(d, k, d).any(1)]
+        leaking = None
+        for seen in layouts:
+            own = seen.diagonal()
+            between = seen & ~torch.eye(d, dtype=torch.bool)
+            if not bool(between.any()) or not _ordered(between):
+                continue
+            if not bool(own.any()):
+                return False  # an autoregressive layout: each output depends only on earlier positions
+            if leaking is None:
+                leaking = int(own.sum())
+        if leaking is None:
+            return False
+        last = chain[-1][1]
+        rec = self.rec
+        span = _class_span(type(last))
+        defined_at = None
+        if span is not None and span[0] and rec.finder.is_user_file(span[0]):
+            defined_at = [rec.finder.display_path(span[0]), span[1], span[2]]
+        rec.emit_aside(ev.mask_sees_itself(cls=type(last).__name__, layers=len(chain), inputs=d,
+                                           blocks=k, seen=leaking, defined_at=defined_at), loc or rec.here())
+        return True
 
     def _tell_leak(self, module, pname: str, mname: str, kernel: list, open_after: list) -> None:
         rec = self.rec
@@ -263,3 +365,15 @@ class MaskOnceWatcher:
         self.active = True
         self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
                                               always_call=False)
+
+
+def _ordered(between: torch.Tensor) -> bool:
+    """Whether the dependencies ``between[i, j]`` (output i reads input j, i != j) hold no cycle:
+    the positions can be put in an order where each reads only earlier ones."""
+    alive = torch.ones(between.shape[0], dtype=torch.bool)
+    while bool(alive.any()):
+        free = alive & ~(between[:, alive].any(1))
+        if not bool(free.any()):
+            return False
+        alive &= ~free
+    return True

@@ -90,6 +90,14 @@ class AutoregressiveMaskLeaks(Rule):
     meant), or the rows below while the rest of the centre row is hidden (the rows-below line
     forgotten). Read at each masked module's first forward; it points at the class's last
     write into the mask.
+    And finds a MADE whose masked linear layers (a 0/1 buffer of the weight's shape, chained
+    through pointwise activations) order their inputs — each output reads only positions
+    before its own, in some order — while outputs also read their own position: the output
+    mask compares degrees with `>=` like the hidden ones. Read at the first optimizer step from
+    the product of the chain's masks, with the outputs taken as k blocks of the inputs (`chunk`
+    or interleaved `view(d, k)`); it points at the script's last degree comparison when the
+    file holds two to as many as the chain has layers and none is strict, else at the last
+    layer's forward.
 
     ## Why is this bad?
     An autoregressive model predicts position `i` from the positions before it. Type `'A'`
@@ -98,6 +106,9 @@ class AutoregressiveMaskLeaks(Rule):
     centre holds features of earlier positions. With `'B'` everywhere the model reads the value
     it is asked to predict: the training loss falls towards zero by copying its input, while the
     model learns nothing it can sample with (each pixel is generated from itself, still zero).
+    A MADE (or each MADE of a MAF) that reads its own input has a Jacobian that is no longer
+    triangular: the log-det the flow sums from the diagonal is wrong, the reported NLL falls
+    far below the true one, and sampling one dimension at a time gives garbage.
 
     ## Example
     ```python
@@ -118,7 +129,10 @@ class AutoregressiveMaskLeaks(Rule):
     ## Stays silent on
     A network with one `'A'` layer anywhere; a type chosen by an expression (`"A" if i == 0 else
     "B"`, a variable) or unpacked arguments; masks given as booleans (`mask_center=True`) or
-    built another way (MADE's degrees, a shifted input); a gated PixelCNN's vertical-stack mask
+    built another way (a shifted input); a MADE whose output degrees are compared strictly (or
+    shifted by one and compared with `>=`), in any input order; random pruning masks and
+    block-diagonal (grouped, packed-ensemble) masks; a single lower-triangular masked layer
+    with its diagonal (a triangular linear flow); a gated PixelCNN's vertical-stack mask
     (whole rows below hidden, the centre row kept: its output is shifted down a row); masks that
     hide positions before the centre too (a checkerboard, a fixed sparse pattern). Not seen: a masked layer class or its
     constructions in another module than the script's.
@@ -133,6 +147,7 @@ class AutoregressiveMaskLeaks(Rule):
 
     def check(self, a):
         yield from self._not_causal(a)
+        yield from self._sees_itself(a)
         backwards = a.by_kind.get("backward", ())
         paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
         for path in paths[:4]:
@@ -150,6 +165,33 @@ class AutoregressiveMaskLeaks(Rule):
                     Location(path, first), related=others,
                     evidence={"class": cls, "constructions": lines},
                     fix=f"build this first {cls} (the one applied to the data) with mask type 'A'")
+
+    def _sees_itself(self, a):
+        told = set()
+        for event in a.by_kind.get("mask_sees_itself", ()):
+            if event["cls"] in told:
+                continue
+            told.add(event["cls"])
+            defined = event.get("defined_at")
+            path = str(defined[0]) if defined else event.loc.path if event.loc is not None else None
+            found = _last_loose_comparison(a, path, event["layers"]) if path else None
+            loc = Location(path, found[0]) if found else event.loc
+            d, k, seen = event["inputs"], event["blocks"], event["seen"]
+            said = f" (`{found[1]}`)" if found else ""
+            yield self.finding(
+                f"the {event['layers']} masked linear layers ending in {event['cls']} order their "
+                f"{d} inputs autoregressively (each output reads only positions before it) yet "
+                f"the outputs of {seen} of the {d} positions also read their own input{said}: "
+                f"the masks compare degrees with >= where the "
+                f"output layer needs >, so the model predicts each value from itself and its "
+                f"likelihood (a MADE's, a MAF's log-det from the diagonal) is no longer exact",
+                loc, related=(Related(event.loc, "the last masked layer's first forward"),)
+                if event.loc is not None and event.loc != loc else (),
+                evidence={"class": event["cls"], "layers": event["layers"], "inputs": d,
+                          "blocks": k, "seen": seen},
+                fix="build the output layer's mask with a strict comparison (MADE: output "
+                    "degree > hidden degree; hidden layers keep >=), so output i reads only "
+                    "inputs before i")
 
     def _not_causal(self, a):
         told = set()
@@ -207,3 +249,32 @@ def _mask_write(a, defined, mask: str) -> Location | None:
                 if name in names:
                     writes.append(node.lineno)
     return Location(path, max(writes)) if writes else None
+
+
+def _broadcast_operand(node: ast.AST) -> bool:
+    """``m[:, None]``, ``m[None, :]``, ``m.unsqueeze(1)``, ``m.view(-1, 1)``: a degree vector
+    turned to broadcast against another."""
+    if isinstance(node, ast.Subscript):
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return any(isinstance(p, ast.Constant) and p.value is None for p in parts)
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and node.func.attr in {"unsqueeze", "view", "reshape"}
+
+
+def _last_loose_comparison(a, path: str, layers: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the last of the file's degree comparisons (``m_out[:, None] >=
+    m_h[None, :]``) when it has two or more, no more than the chain's layers, and none is strict:
+    the output layer's, which must be. More comparisons than layers belong to other models too."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 \
+                and isinstance(node.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) \
+                and _broadcast_operand(node.left) and _broadcast_operand(node.comparators[0]):
+            found.append(node)
+    if not 2 <= len(found) <= layers or any(isinstance(n.ops[0], (ast.Lt, ast.Gt)) for n in found):
+        return None
+    last = max(found, key=lambda n: (n.lineno, n.col_offset))
+    return last.lineno, a.source.line_text(path, last.lineno).split("  #")[0].strip()

@@ -139,6 +139,14 @@ class CustomBackwardWrong(Rule):
     an input without one, so this is checked whatever the forward (a straight-through
     estimator's too) and reported at the `return`.
 
+    A forward that is one elementwise step (a spike `(v > 0).float()`, a `sign`) has no
+    derivative to compare with: its backward is a surrogate gradient, and that is read along a
+    line through the range of the input it got. A surrogate is a bump at the step (a fast
+    sigmoid `1 / (k * |v| + 1) ** 2`, an arctan, a triangle, a box, a Gaussian of the distance
+    to the threshold) or flat (straight through); one with a value of the wrong sign, a pole,
+    or a largest value more than 4 times its value at the step (`abs` missing, a bump around 0
+    while the spike fires at the threshold) is reported at the backward's `return`.
+
     An identity Function (a gradient reversal or scaling) applied, with gradients on, to a
     tensor that needs no gradient (`grad_reverse(features.detach())`) does nothing at all: its
     backward never runs. Reported at the line that cut the graph (`.detach()`, `.data`) above
@@ -239,6 +247,9 @@ class CustomBackwardWrong(Rule):
             if e.get("given_to") is not None:
                 yield self._misrouted(a, e)
                 continue
+            if e.get("surrogate"):
+                yield self._surrogate(a, e)
+                continue
             if ratio is not None and abs(ratio + 1) < 1e-3:
                 how = "the true gradient with the opposite sign (training climbs the loss through it)"
             elif ratio is not None and ratio > 0:
@@ -278,6 +289,40 @@ class CustomBackwardWrong(Rule):
                      f"torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
+
+    def _surrogate(self, a, e):
+        """A step forward whose surrogate backward is no bump at the step."""
+        cls, info = e.get("cls"), e["surrogate"]
+        where = e.loc
+        if where is not None:
+            try:
+                returned, _unread = _backward_return(a.source.tree(where.path), where.line)
+            except Exception:
+                returned = None
+            if returned is not None:
+                where = Location(where.path, returned, where.function)
+        forward = e.get("forward")
+        rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply, read here"),) \
+            if forward else ()
+        step, peak = info.get("step"), info.get("peak")
+        if not info.get("finite"):
+            how = f"an infinite value at input {peak:.3g} (a pole)"
+        elif info.get("wrong_sign"):
+            how = "values of the opposite sign to the step's (training pushes the other way there)"
+        else:
+            how = (f"its largest value at input {peak:.3g}, {info['largest'] / max(info['at_step'], 1e-300):.3g} "
+                   f"times its value at the step")
+        return self.finding(
+            f"{cls}.forward is a step at input {step:.3g} (a spike, a sign) and its backward is the "
+            f"surrogate gradient every layer before it trains through, but read along the input's "
+            f"range it has {how}: a surrogate is a bump centred at the step (a fast sigmoid "
+            f"1 / (k * |v| + 1) ** 2, a triangle, a box), and this one sends the largest "
+            f"gradients to inputs far from firing",
+            where, related=rel,
+            fix="centre the pseudo-derivative at the step and keep it non-negative and bounded: "
+                "the input's distance to the threshold goes through abs() (`1 / (k * v.abs() + "
+                "1) ** 2`), and the backward reads the same shifted input the forward compares",
+            evidence={"cls": cls, "input": e.get("input"), "surrogate": info})
 
     def _identity_on_cut_input(self, a, e):
         """An identity Function (a gradient reversal or scaling) applied to tensors without

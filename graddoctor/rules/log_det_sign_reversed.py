@@ -21,8 +21,9 @@ class LogDetSignReversed(Rule):
     followed to its argument (through negations, views and constant factors), and each
     `log(S)` held linearly to the products and quotients `S` scales. It points at
     the loss's assignment, or at the one line above it that computes the loss's exp term, or,
-    when the loss adds its log-det the right way (`-(log_prob(z) + log_det)`), at the script's
-    one statement that sums the log-det with a minus (`log_det = log_det - ld`).
+    when the loss adds its log-det the right way (`-(log_prob(z) + log_det)`, on its own line or
+    in a function it calls: `return log_pz + log_det`), at the script's one statement that sums
+    the log-det with a minus (`log_det = log_det - ld`).
 
     ## Why is this bad?
     `a * s + b * exp(c * s)` with `b > 0` (the data's squared distance scaled by the model)
@@ -127,10 +128,12 @@ def _log_det_accumulated_negatively(a, loc, text):
     a minus (``log_det = log_det - ld``, ``log_det -= s.sum(1)``), when the loss's line adds a
     log-det the right way (``-(log_prob(z) + log_det)``): the sign error is in the flow's sum;
     else None."""
-    if not text or _LOG_DET.search(text) or not _ADDED.search(text):
+    if not text or _LOG_DET.search(text):
         return None
     tree = a.source.tree(loc.path)
     if tree is None:
+        return None
+    if not _ADDED.search(text) and not _adds_log_det(tree):
         return None
     found = []
     for node in ast.walk(tree):
@@ -146,3 +149,25 @@ def _log_det_accumulated_negatively(a, loc, text):
         return None
     line = found[0].lineno
     return line, a.source.line_text(loc.path, line).split("  #")[0].strip()
+
+
+def _log_det_word(node) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name is not None and bool(_ADDED.search("+" + name))
+
+
+def _adds_log_det(tree) -> bool:
+    """Whether the script adds a log-det to something else (``return log_pz + log_det`` in the
+    flow's ``log_prob``, which the loss's line calls) outside a sum of the log-det into itself."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AugAssign) else None
+            value = node.value
+            if isinstance(target, ast.Name) and isinstance(value, ast.BinOp) \
+                    and isinstance(value.left, ast.Name) and value.left.id == target.id:
+                continue  # `log_det = log_det + ld`: the accumulation itself
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) \
+                and (_log_det_word(node.left) or _log_det_word(node.right)):
+            return True
+    return False

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import ast
+
 from ..analysis.lr import COLLAPSED, writer_location
 from ..findings import Related, Severity
+from ..trace import Location
 from .base import Rule, related
 from .schedule_factor_is_lr import ScheduleFactorIsLr
 
@@ -67,7 +70,9 @@ class LrCollapsed(Rule):
     schedule without a floor (`StepLR`, `ExponentialLR`, `MultiplicativeLR`, `LambdaLR`, a
     hand-written decay) that fell steadily by 100× or more in the replay is projected at the
     same rate and reported with the update by which it crosses 1e-4. It points at the
-    scheduler's construction, or at the line that writes the lr by hand; when the scheduler is
+    scheduler's construction (for a `LambdaLR` given a function the script defines, at that
+    function's one `return`: the decay is written there), or at the line that writes the lr by
+    hand; when the scheduler is
     stepped from two lines (once per epoch, as its schedule counts, and once more per batch),
     at the line that steps it most often: the extra per-batch `step()`.
 
@@ -168,14 +173,36 @@ class LrCollapsed(Rule):
                        f"updates replayed; at this rate it is below {COLLAPSED:g} of its start by "
                        f"update {c.at}, while the script goes on training")
         fix = _FIXES.get(w.cls, _DEFAULT_FIX) if w.scheduled else _MANUAL_FIX
+        rel = (related(step_call, "its step() call"),)
+        factor = _lambda_return(a, loc) if w.scheduled and w.cls == "LambdaLR" and loc is not None else None
+        if factor is not None:  # the decay is the script's function: the line to change
+            rel = (Related(loc, "the scheduler, built here"), *rel)
+            loc = Location(loc.path, factor)
         # the Lightning variant only where Lightning made the step() calls: a scheduler the user
         # steps by hand (manual optimization) is stepped where the generic fix says
         framework_stepped = step_call is not None and step_call.loc is not None and \
             step_call.loc.hook == "configure_optimizers"
         return self.finding(
             message, loc, fix=fix, fixes=self.fixes if framework_stepped else {},
-            related=(related(step_call, "its step() call"),),
+            related=rel,
             evidence={"optimizer": c.opt, "group": c.group, "start": c.start, "last": c.last,
                       "updates": c.updates, "writer": w.cls if w.scheduled else "manual",
                       "observed": c.observed, "projected_at": c.at},
         )
+
+
+def _lambda_return(a, built) -> int | None:
+    """The line of the one ``return`` of the function the script defines and hands a
+    ``LambdaLR`` built at ``built`` as its ``lr_lambda`` (``def lambda_rule(epoch): return
+    1.0 - ...``), else None (an inline lambda sits on the construction's line already)."""
+    name = a.source.call_argument(built.path, built.line, "LambdaLR", 1, "lr_lambda")
+    if not name or not name.isidentifier():
+        return None
+    tree = a.source.tree(built.path)
+    if tree is None:
+        return None
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    if len(defs) != 1:
+        return None
+    returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
+    return returns[0].lineno if len(returns) == 1 else None
