@@ -1953,13 +1953,26 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
         return None
     scope = _enclosing_function(tree, line)
     best = None
+    text = linecache.getline(path, line)
     for node in walk(scope):
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < line:
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and (
+                node.lineno < line or _before_backward_on_line(node, line, text)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
                     and (best is None or node.lineno > best.lineno):
                 best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+
+
+def _before_backward_on_line(node: ast.AST, line: int, text: str) -> bool:
+    """An assignment written on the backward's own line before it (``loss = crit(x, y);
+    opt.zero_grad(); loss.backward()``)."""
+    if node.lineno != line or getattr(node, "end_lineno", None) != line:
+        return False
+    end = getattr(node, "end_col_offset", None)
+    return end is not None and "backward(" in text.encode("utf-8")[end:].decode("utf-8", "replace")
+
+
 _TERM_SPAN = 30  # lines above the loss's assignment searched for the term
 
 

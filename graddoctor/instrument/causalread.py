@@ -325,7 +325,9 @@ class CausalReadWatcher:
         def hook(grad, watch_ref=weakref.ref(watch)):
             watch = watch_ref()
             try:
-                if watch is None or watch.done or watcher._told or not watcher.active \
+                # None: the RNN's output sequence reached no loss (only h_n is read), so torch
+                # calls the hook of that unused output without a gradient
+                if grad is None or watch is None or watch.done or watcher._told or not watcher.active \
                         or not (watcher.rec.running_backwards and watcher.rec.in_backward()):
                     return None
                 watch.done = True
@@ -337,8 +339,8 @@ class CausalReadWatcher:
         def final_hook(grad, watch_ref=weakref.ref(watch)):
             watch = watch_ref()
             try:
-                if watch is not None and watcher.rec.running_backwards and watcher.rec.in_backward() \
-                        and bool((grad != 0).any()):
+                if grad is not None and watch is not None and watcher.rec.running_backwards \
+                        and watcher.rec.in_backward() and bool((grad != 0).any()):
                     watch.final = True
             except Exception as exc:
                 watcher.rec.internal_error("causal read (gradient)", exc)

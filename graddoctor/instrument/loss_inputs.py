@@ -402,7 +402,7 @@ class LossInputWatcher:
                     watcher._smoothing_high(input, args, kwargs)
                 if fn in ("binary_cross_entropy_with_logits", "binary_cross_entropy") \
                         and not watcher._ordinal_done:
-                    watcher._ordinal_levels(fn, target)
+                    watcher._ordinal_levels(fn, target, args[2] if len(args) > 2 else kwargs.get("weight"))
                 if fn in _WEIGHTED:
                     weight = args[_WEIGHTED[fn][1]] if len(args) > _WEIGHTED[fn][1] else kwargs.get(_WEIGHTED[fn][0])
                     if weight is not None:
@@ -578,16 +578,25 @@ class LossInputWatcher:
         self._weights_told.add(fn)
         self.rec.emit_aside(ev.class_weights(fn=fn, **found), self.rec.here())
 
-    def _ordinal_levels(self, fn: str, target) -> None:
+    def _ordinal_levels(self, fn: str, target, weight=None) -> None:
         """An ``ordinal_shifted`` aside, once, when a binary cross-entropy's 0/1 targets are a
         cumulative encoding (each row's ones a prefix of its columns: ordinal levels
         ``y > k``) whose first column is 1 in every row of the first calls (``_ORDINAL_ROWS``
         or more) while a later column varies: the comparison off by one (``y >= k`` from
-        ``k = 0``). Any call that breaks the pattern ends the check."""
+        ``k = 0``). Any call that breaks the pattern ends the check, and so does a weight that
+        masks out entries of a row: every sample answers every threshold of an ordinal scale,
+        so masked columns are a padded list of items (word2vec's contexts then negatives, the
+        positives first), not levels."""
         if not (isinstance(target, torch.Tensor) and target.dim() == 2 and target.shape[1] >= 2
                 and target.shape[0] >= 2 and target.is_floating_point()):
             self._ordinal_done = True
             return
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[-1] == target.shape[1]:
+            with torch.no_grad():
+                masked = bool((weight.detach() == 0).any())
+            if masked:
+                self._ordinal_done = True
+                return
         if not self._reads_left("ordinal", target):
             self._ordinal_done = True
             return

@@ -74,7 +74,9 @@ class AccumulationNeverAccumulates(Rule):
 
     ## Stays silent on
     Accumulation windows on a counter or with the tail flushed; `loss * (1 / k)`; an average
-    of two losses (`(loss_i + loss_t) / 2`); constants that normalise rather than accumulate
+    of two losses (`(loss_i + loss_t) / 2`); a convex mix of two losses whose weight is 1/2
+    (`base * (1 - alpha) + distill * alpha`, also returned by a loss module of the script's own,
+    as DeiT's `DistillationLoss`); constants that normalise rather than accumulate
     (a summed loss divided by the batch size); FSDP's accumulation; a loss divided by the
     world size in data parallelism by hand (the gradients all-reduced with SUM make the mean).
 
@@ -250,18 +252,55 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     except (SyntaxError, IndexError):
         return False
     value = getattr(statement, "value", None)
-    if _literal_weighted(value, factor):
+    if _literal_weighted(value, factor) or _complementary_weights(value):
         return True
     # a loss function of the script's own that returns the weighted value (`return 0.5 *
-    # (logvar + (y - mu) ** 2 * torch.exp(-logvar)).mean()`, a Gaussian NLL's 1/2)
+    # (logvar + (y - mu) ** 2 * torch.exp(-logvar)).mean()`, a Gaussian NLL's 1/2), or a loss
+    # module of its own whose forward does (`criterion = DistillationLoss(...)`, returning
+    # `base * (1 - self.alpha) + distill * self.alpha`)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
         tree = a.source.tree(loc.path)
-        defined = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                   and n.name == value.func.id] if tree is not None else []
-        returns = [n for n in ast.walk(defined[0]) if isinstance(n, ast.Return)
-                   and n.value is not None] if len(defined) == 1 else []
-        return len(returns) == 1 and _literal_weighted(returns[0].value, factor)
+        defined = _called_function(tree, value.func.id) if tree is not None else None
+        returns = [n for n in ast.walk(defined) if isinstance(n, ast.Return)
+                   and n.value is not None] if defined is not None else []
+        return len(returns) == 1 and (_literal_weighted(returns[0].value, factor)
+                                      or _complementary_weights(returns[0].value))
     return False
+
+
+def _called_function(tree, name: str):
+    """The one function ``name(...)`` runs: a function of that name, or the ``forward`` of the
+    script's class whose instance the name is assigned once (``criterion = KDLoss(...)``)."""
+    defined = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    if defined:
+        return defined[0] if len(defined) == 1 else None
+    made = [n.value.func.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+            and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)]
+    if len(made) != 1:
+        return None
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == made[0]]
+    forwards = [n for n in classes[0].body if isinstance(n, ast.FunctionDef)
+                and n.name == "forward"] if len(classes) == 1 else []
+    return forwards[0] if len(forwards) == 1 else None
+
+
+def _complementary_weights(value) -> bool:
+    """Whether an expression is a convex mix of two terms, ``a * w + b * (1 - w)`` (a
+    distillation loss's ``alpha``, a weighting of two objectives): with ``w = 0.5`` both terms
+    carry the factor 1/2, which is the mix's weight, not an accumulation count."""
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+        return False
+    weights = []
+    for term in (value.left, value.right):
+        if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
+            return False
+        weights.append({ast.unparse(term.left), ast.unparse(term.right)})
+
+    def complements(first, second) -> bool:
+        return any(f"1 - {w}" in second or f"1.0 - {w}" in second or f"(1 - {w})" in second
+                   for w in first)
+    return complements(weights[0], weights[1]) or complements(weights[1], weights[0])
 
 
 def _literal_weighted(value, factor: float) -> bool:

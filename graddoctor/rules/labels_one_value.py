@@ -157,6 +157,14 @@ class LabelsOneValue(Rule):
             where = "the dataset's whole label tensor holds that one value"
             fix = (f"read the label from the column that holds it: every label of the dataset "
                    f"`{origin['target']}` comes from is {shown}")
+        elif ".argmax(" in origin["target"] or origin["target"].startswith("torch.argmax("):
+            # labels a model predicts (a teacher's hard labels, pseudo-labels): that model
+            # answers one class for every sample
+            where = f"`{origin['target']}` holds no other value"
+            fix = (f"check the model whose predictions `{origin['target']}` reads: it predicts "
+                   f"{shown} for every sample (a teacher or labelling model that collapsed to one "
+                   f"class: a learning rate too high, too few steps), so the labels it makes "
+                   f"teach nothing")
         else:
             where = f"`{origin['target']}` holds no other value"
             fix = (f"check how `{origin['target']}` is made (the Dataset's __getitem__ or the "

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import re
 
 from ..findings import Severity
@@ -91,7 +92,9 @@ class ParamWithoutGrad(Rule):
     (`torch.autograd.grad(..., create_graph=True)`: a Hamiltonian net's energy, a PINN's
     solution): a constant offset no derivative sees.
     Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
-    inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does);
+    inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does;
+    an output detached only under a configuration flag, `if self.config.fix_emb: x = x.detach()`,
+    as pytorch/examples' SNLI model keeps its pretrained word vectors fixed);
     a backbone run under `no_grad`; a layer or head used only on some
     iterations; a layer another instance of the same model trains (one net built with
     `batch_normalization=False` beside one built with it: the flag turns the layer off); activation checkpointing, reentrant (with its inputs made to require grad)
@@ -160,6 +163,8 @@ class ParamWithoutGrad(Rule):
                 if discarded in ("library", "last-pass", "differentiated"):
                     continue  # see the docs: a head the user does not use, a loop's last pass,
                     # a bias that only derivatives of the output read
+                if not discarded and _frozen_by_switch(a, cause, pids):
+                    continue  # see the docs: a configuration flag detaches it on purpose
                 yield self._finding(a, cls, init, steps, opt, pids, cause, discarded=bool(discarded))
 
     def _finding(self, a, cls, init, steps, opt, pids, cause, discarded=False):
@@ -332,6 +337,50 @@ def _detaches(a, cause, pids) -> list:
     # their outputs (the last layer's, a generator's samples) explains the group
     return [e for e in a.of_kind("idle_detach")
             if e.loc is not None and mine.intersection(e.get("params") or ())]
+
+
+def _frozen_by_switch(a, cause, pids) -> bool:
+    """Whether every ``.detach()`` that cuts the module's output sits in the body of an ``if``
+    on a plain configuration flag (``if self.config.fix_emb:``, ``if freeze_encoder:``) whose
+    body does nothing but detach: the script's author wrote both ways and chose, by that flag,
+    to keep the module (a pretrained embedding) fixed. A test on ``self.training``, a
+    comparison or a call is no such switch."""
+    detaches = _detaches(a, cause, pids)
+    return bool(detaches) and all(_flag_switched(a, d.loc.path, d.loc.line) for d in detaches)
+
+
+def _flag_switched(a, path: str, line: int) -> bool:
+    tree = a.source.tree(path)
+    if tree is None:
+        return False
+    switches = [n for n in ast.walk(tree) if isinstance(n, ast.If) and n.body
+                and n.body[0].lineno <= line <= (n.body[-1].end_lineno or n.body[-1].lineno)]
+    if not switches:
+        return False
+    switch = max(switches, key=lambda n: n.lineno)
+    test = switch.test.operand if isinstance(switch.test, ast.UnaryOp) \
+        and isinstance(switch.test.op, ast.Not) else switch.test
+    node = test
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return False
+    last = test.attr if isinstance(test, ast.Attribute) else test.id
+    if last == "training":
+        return False
+
+    def detaching(value) -> bool:
+        return (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                and value.func.attr in ("detach", "detach_") and not value.args) \
+            or (isinstance(value, ast.Attribute) and value.attr == "data")
+
+    for statement in switch.body:
+        if isinstance(statement, ast.Assign) and detaching(statement.value):
+            continue
+        if isinstance(statement, ast.Expr) and detaching(statement.value):
+            continue
+        return False
+    return True
 
 
 def _detach_before_own_step(a, detaches, opt):

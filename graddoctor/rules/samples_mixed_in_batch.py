@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import re
 
 from ..findings import Severity
@@ -88,8 +89,9 @@ class SamplesMixedInBatch(Rule):
     ## Stays silent on
     BatchNorm in train mode, also over the frames of all clips merged into one batch for a
     per-frame encoder (`x.reshape(N * T, C, H, W)` ... `.reshape(N, T, -1)`) whose channel count
-    equals the batch size; batch statistics on purpose (a ProGAN/StyleGAN minibatch-stddev
-    layer); matrix products over the batch (a graph network's `adj @ h` over full-batch nodes,
+    equals the batch size; a batch normalisation written by hand (d2l's `batch_norm`: the batch
+    mean over dim 0 is also blended into a running mean that inference reads); batch statistics
+    on purpose (a ProGAN/StyleGAN minibatch-stddev layer); matrix products over the batch (a graph network's `adj @ h` over full-batch nodes,
     attention); in-model mixup (`x[perm]`); a model that returns a (B, B) similarity matrix
     (CLIP); `transpose`/`permute` between batch-first and seq-first layouts; seq-first models
     over `batchify`'d (seq, batch) data; inputs with another dimension as long as the batch
@@ -128,6 +130,8 @@ class SamplesMixedInBatch(Rule):
             how, names = _OPS.get(op, (None, ()))
             if how == "softmax" and over_batch:
                 continue  # loss-input-mismatch reports a (log of a) softmax over the batch at the loss
+            if how == "reduce" and _folded_into_running_estimate(a, e):
+                continue  # a batch normalisation by hand: its batch statistics feed running ones
             yield self._finding(a, e, op, how, names)
 
     def _finding(self, a, e, op: str, how: str | None, names: tuple):
@@ -167,6 +171,57 @@ def _site(a, e, names: tuple) -> tuple[Location | None, str | None]:
         return None, None
     line, text, _ = found[0]
     return Location(forward[0], line, "forward"), text
+
+
+_BLEND_METHODS = frozenset({"lerp_", "lerp", "add_", "mul_", "copy_", "addcmul_"})
+
+
+def _folded_into_running_estimate(a, e) -> bool:
+    """Whether the batch statistic the mixing line assigns (``mean = X.mean(dim=0)``) is also
+    blended, in the same function, into an estimate that outlives the batch: an assignment whose
+    target it reads (``moving_mean = (1 - m) * moving_mean + m * mean``), an augmented one, or an
+    in-place ``lerp_``/``add_``/``mul_``/``copy_`` given it. That is a batch normalisation written
+    by hand (d2l's ``batch_norm``): the batch is normalised by its own statistics in training on
+    purpose, and inference reads the running ones."""
+    at = e.get("op_at")
+    if not at:
+        return False
+    tree = a.source.tree(str(at[0]))
+    line = int(at[1])
+    if tree is None:
+        return False
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if not functions:
+        return False
+    function = max(functions, key=lambda n: n.lineno)
+    at_line = [n for n in ast.walk(function) if isinstance(n, ast.Assign) and n.lineno == line]
+    stats = {t.id for n in at_line for t in n.targets if isinstance(t, ast.Name)}
+    if not stats:
+        return False
+    # the tensor the statistic is taken of: overwriting it with its own normalised value
+    # (`x = (x - mean) / std`) is the normalisation, not a running estimate
+    inputs = {m.id for n in at_line for m in ast.walk(n.value) if isinstance(m, ast.Name)}
+
+    def reads(node, names) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+    for n in ast.walk(function):
+        if getattr(n, "lineno", 0) <= line:
+            continue
+        if isinstance(n, ast.Assign) and reads(n.value, stats):
+            targets = {ast.unparse(t) for t in n.targets} - inputs
+            if any(ast.unparse(m) in targets for m in ast.walk(n.value)
+                   if isinstance(m, (ast.Name, ast.Attribute))):
+                return True
+        if isinstance(n, ast.AugAssign) and reads(n.value, stats) \
+                and ast.unparse(n.target) not in inputs:
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr in _BLEND_METHODS and not reads(n.func.value, stats) \
+                and any(reads(arg, stats) for arg in n.args):
+            return True
+    return False
 
 
 def _call_on(a, path: str, line: int, names: tuple) -> str | None:
