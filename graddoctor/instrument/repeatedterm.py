@@ -183,6 +183,23 @@ def same_computation(a, b, budget: list) -> list | None:
     return pairs
 
 
+_READS = ("IndexBackward", "SelectBackward", "SliceBackward", "UnsqueezeBackward", "SqueezeBackward",
+          "ViewBackward", "ReshapeAlias", "TBackward", "PermuteBackward", "ExpandBackward")
+
+
+def _table_read(pairs) -> bool:
+    """Whether the two terms only read entries of a parameter (or other leaf): a transition score
+    or an embedding row picked at data-given positions, which a sequence may pick twice (a CRF's
+    gold path through the same transition): the same entry, not a computation written twice."""
+    for x, _ in pairs:
+        if not type(x).__name__.startswith(_READS):
+            return False
+        if any(child is not None and type(child).__name__ not in ("AccumulateGrad",)
+               and not type(child).__name__.startswith(_READS) for child, _ in x.next_functions):
+            return False
+    return True
+
+
 def _sequence(node) -> int:
     try:
         return int(node._sequence_nr())
@@ -337,7 +354,7 @@ class RepeatedTermWatcher:
                 if type(a) is not type(b) or budget[0] <= 0:
                     continue
                 pairs = same_computation(a, b, budget)
-                if pairs and self._tell(a, b, pairs):
+                if pairs and not _table_read(pairs) and self._tell(a, b, pairs):
                     return
 
     def _tell(self, a, b, pairs) -> bool:

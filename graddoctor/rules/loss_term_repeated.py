@@ -60,7 +60,9 @@ class LossTermRepeated(Rule):
     of such a pass that took no draw itself when the script drew random numbers between the two
     copies (each weight sample's log q(w) holds the same -log sigma in Bayes by Backprop); terms
     weighted apart by computed tensors (masks, per-pixel weights); terms checkpointed or
-    offloaded (never unpacked); a script with one optimizer step only. Not told apart:
+    offloaded (never unpacked); entries of a parameter read twice at data-given positions (a
+    CRF's gold path through one transition twice, an embedding row picked twice); a script with
+    one optimizer step only. Not told apart:
     the same term added twice on purpose reads as the bug.
     """
 
