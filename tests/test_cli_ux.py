@@ -185,9 +185,9 @@ def test_rules_as_json_for_tools():
     assert result.exit_code == 0
     rules = json.loads(result.stdout)
     assert [r["code"] for r in rules] == [r.code for r in ALL_RULES]
-    first = rules[0]
-    assert set(first) == {"code", "slug", "severity", "summary", "fix", "autofix"}
-    assert first["slug"] == "missing-zero-grad" and first["autofix"] == "safe"
+    assert all(set(r) == {"code", "slug", "severity", "summary", "fix", "autofix"} for r in rules)
+    zero_grad = next(r for r in rules if r["code"] == "GD101")
+    assert zero_grad["slug"] == "missing-zero-grad" and zero_grad["autofix"] == "safe"
 
 
 def test_quiet_prints_only_the_findings_and_the_verdict(tmp_path, monkeypatch):

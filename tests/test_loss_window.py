@@ -27,9 +27,8 @@ def _describe(tensors):
 def test_the_window_closes_after_its_size_and_retires_the_describer_at_its_last_backward():
     rec = _Rec()
     window = LossWindow(rec, 3, _describe)
-    assert rec.calls == [("subscribe", PARAMS_ADDED, window.params_added)]
     assert [window.take() for _ in range(5)] == [True, True, True, False, False]
-    assert rec.calls[1:] == [("retire", DESCRIBE_LOSS, _describe)]
+    assert rec.calls == [("retire", DESCRIBE_LOSS, _describe)]
 
 
 def test_an_optimizer_built_while_the_window_is_open_changes_nothing():
@@ -49,7 +48,7 @@ def test_a_later_phase_reopens_the_window_a_bounded_number_of_times():
         seen.append([window.take() for _ in range(3)])
         window.params_added(phase + 1, [phase])
     assert seen == [[True, True, False]] * (REOPENS + 1) + [[False, False, False]]
-    assert [c[0] for c in rec.calls] == ["subscribe"]
+    assert rec.calls == []
 
 
 def test_a_retired_describer_is_resumed_when_the_window_reopens():
@@ -60,3 +59,28 @@ def test_a_retired_describer_is_resumed_when_the_window_reopens():
     assert rec.calls[-1] == ("resume", DESCRIBE_LOSS, _describe)
     assert window.take()
     assert rec.calls[-1] == ("retire", DESCRIBE_LOSS, _describe)
+
+
+def test_every_watcher_with_a_loss_window_is_installed_and_subscribed_for_a_later_phase():
+    import ast
+    import pathlib
+
+    import graddoctor.instrument as instrument
+    from graddoctor.instrument import Instrumentation
+    from graddoctor.instrument.recorder import Recorder
+
+    # the watcher classes that build a LossWindow, read from the source
+    classes = set()
+    for path in pathlib.Path(instrument.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "LossWindow"
+                   for n in ast.walk(cls)):
+                classes.add(cls.name)
+    assert len(classes) >= 10
+    rec = Recorder(step_budget=None)
+    inst = Instrumentation(rec)
+    held = {type(w).__name__: w for w in inst.watchers if getattr(w, "loss_window", None) is not None}
+    assert set(held) == classes
+    subscribed = set(rec.subscribers(PARAMS_ADDED).now)
+    assert all(w.loss_window.params_added in subscribed for w in held.values())

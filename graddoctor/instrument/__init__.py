@@ -661,6 +661,12 @@ class Instrumentation:
         self.grad_flow = GradFlowWatcher(rec) if grad_flow else None
         # parameter names after the user's variables, at the moments the models are alive
         self.namer = ParamNamer(rec, self.optimizers)
+        # a later training phase (an optimizer given parameters after the loss-graph windows
+        # closed) opens them again: instrument/losswindow.py
+        for watcher in self.watchers:
+            window = getattr(watcher, "loss_window", None)
+            if window is not None:
+                rec.subscribe(PARAMS_ADDED, window.params_added)
 
     def __enter__(self) -> "Instrumentation":
         self._tensor_attrs_loaded = tensor_attrs_loaded()

@@ -701,14 +701,14 @@ def cosine_misnormalised(product) -> list:
 class SoftmaxAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS)
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._told: set = set()  # (softmax dim, summed dim, shape) already reported
 
     def install(self, patcher) -> None:  # subscribes to DESCRIBE_LOSS only (instrument/__init__.py)
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

@@ -110,14 +110,14 @@ def channel_pooling(node) -> tuple[str, tuple, tuple] | None:
 class ChannelPoolWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
+        self.loss_window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:
         """Nothing to patch: the graph is read at the first backwards."""
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

@@ -105,14 +105,14 @@ def distribution_axis(target: torch.Tensor, atol: float = 1e-4) -> set[int]:
 class ClassAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS)
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

@@ -155,7 +155,7 @@ class DropoutOutputWatcher:
         self._compiled = False
         # a window closed early by a finding is not reopened: the later phase's first dropout
         # outputs are read only when this one's window ran out
-        self._window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
+        self.loss_window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
         # this turn's dropout outputs: id of the grad_fn -> (grad_fn, class, p, location)
         self._outputs: dict[int, tuple] = {}
 
@@ -189,7 +189,7 @@ class DropoutOutputWatcher:
         if not self.active:
             return {}
         try:
-            self._window.take()
+            self.loss_window.take()
             outputs, self._outputs = self._outputs, {}
             if outputs:
                 for root in backward_roots(tensors):
@@ -201,7 +201,7 @@ class DropoutOutputWatcher:
                             self.rec.emit_aside(ev.dropout_on_output(module=cls, p=p, fn=fn,
                                                                      direct=direct), loc)
                             return {}
-            if self._window.closed:
+            if self.loss_window.closed:
                 self._stop()
         except Exception as exc:
             self._stop()

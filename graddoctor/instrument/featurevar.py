@@ -69,14 +69,14 @@ class FeatureVarianceWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
+        self.loss_window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

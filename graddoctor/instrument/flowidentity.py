@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
+from .graphpaths import saved
 from .lossterms import LossGraphReader
 
 _NODES = 20000  # nodes of the loss's graph walked, at most
@@ -45,12 +46,12 @@ class FlowIdentityWatcher(LossGraphReader):
             node = queue.pop()
             name = type(node).__name__
             if name == "PowBackward0" and getattr(node, "_saved_exponent", None) == 2:
-                z = getattr(node, "_saved_self", None)
+                z = saved(node, "_saved_self")
                 if isinstance(z, torch.Tensor) and z.dim() == 2 and z.requires_grad:
                     latents.append(z)
             elif name in _DATA_SAVERS:
                 for attr in _DATA_SAVERS[name]:
-                    x = getattr(node, attr, None)
+                    x = saved(node, attr)
                     if isinstance(x, torch.Tensor) and x.dim() == 2 and not x.requires_grad \
                             and x.is_floating_point() and x.device.type == "cpu" \
                             and x.grad_fn is None and x.shape[1] <= _COLUMNS:

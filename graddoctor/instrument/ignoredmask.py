@@ -94,14 +94,14 @@ def selects_ignored(mask: torch.Tensor, ignored: torch.Tensor) -> bool:
 class IgnoredMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
+        self.loss_window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:
         """Nothing to patch: the graph is read at the first backwards."""
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

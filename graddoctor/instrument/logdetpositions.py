@@ -30,6 +30,7 @@ import math
 import torch
 
 from .. import events as ev
+from .graphpaths import saved
 from .lossterms import LossGraphReader
 
 _NODES = 20000  # nodes of the loss's graph walked, at most
@@ -74,8 +75,8 @@ def _factor(node, parents) -> float | None:
         elif name in ("MulBackward0", "MulBackward1", "DivBackward0", "DivBackward1"):
             if any(parent.next_functions[i][0] is not None for i in others):
                 return factor  # meets another computed tensor: the term ends here
-            const = _number(getattr(parent, "_saved_other", None)) if slot == 0 or name.endswith("1") \
-                else _number(getattr(parent, "_saved_self", None))
+            const = _number(saved(parent, "_saved_other")) if slot == 0 or name.endswith("1") \
+                else _number(saved(parent, "_saved_self"))
             if const is None:
                 return None
             if name.startswith("Div"):
@@ -136,8 +137,8 @@ class LogDetPositionsWatcher(LossGraphReader):
             return None
         spread = {}
         for conv in convs:
-            weight = getattr(conv, "_saved_weight", None)
-            x = getattr(conv, "_saved_input", None)
+            weight = saved(conv, "_saved_weight")
+            x = saved(conv, "_saved_input")
             if weight is None or x is None or weight.dim() < 3 or any(k != 1 for k in weight.shape[2:]):
                 continue
             positions = math.prod(x.shape[2:])
@@ -174,7 +175,7 @@ class LogDetPositionsWatcher(LossGraphReader):
                         scale = scale.next_functions[0][0]
                     if scale is not leaf:
                         continue
-                    other = getattr(mul, "_saved_other" if slot == 0 else "_saved_self", None)
+                    other = saved(mul, "_saved_other" if slot == 0 else "_saved_self")
                     if not isinstance(other, torch.Tensor) or other.dim() != variable.dim():
                         continue
                     spread = math.prod(o for o, v in zip(other.shape[1:], variable.shape[1:]) if v == 1)

@@ -15,12 +15,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .recorder import Recorder
-from .topics import DESCRIBE_LOSS, PARAMS_ADDED
+from .topics import DESCRIBE_LOSS
 
 REOPENS = 2  # later phases whose losses are read, per run
 
 
 class LossWindow:
+    """A watcher holds it as ``loss_window``: the instrumentation subscribes ``params_added``
+    to ``PARAMS_ADDED`` for every watcher that has one."""
+
     __slots__ = ("rec", "size", "taken", "reopened", "describer", "retired", "on_reopen")
 
     def __init__(self, rec: Recorder, size: int, describer: Callable[[Any], dict] | None = None,
@@ -33,7 +36,6 @@ class LossWindow:
         self.taken = 0
         self.reopened = 0
         self.retired = False
-        rec.subscribe(PARAMS_ADDED, self.params_added)
 
     def take(self) -> bool:
         """Whether this backward is in the window (counting it); the window's last backward

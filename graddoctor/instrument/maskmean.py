@@ -272,7 +272,7 @@ class MaskedMeanWatcher:
         # wrapped again (they are passed around as values), so a finding there is placed at the
         # loss's line rather than at its mean
         self._graph_only = False
-        self._window = LossWindow(rec, _WINDOW, on_reopen=self._reopen)
+        self.loss_window = LossWindow(rec, _WINDOW, on_reopen=self._reopen)
         self._noted: dict = {}  # id of a masking node -> (the node, the line of its mean/sum)
         self._first: dict = {}  # mean line -> fingerprint of the first mask seen there
         self._restore: list = []
@@ -315,7 +315,7 @@ class MaskedMeanWatcher:
     def describe_loss(self, tensors) -> dict:
         if not (self._open or self._graph_only):
             return {}
-        self._window.take()
+        self.loss_window.take()
         noted, self._noted = self._noted, {}
         try:
             items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
@@ -324,7 +324,7 @@ class MaskedMeanWatcher:
                 self._judge(root, noted)
         except Exception as exc:
             self.rec.internal_error("masked mean", exc)
-        if self._window.closed:
+        if self.loss_window.closed:
             if self._open:
                 self._close()
             self._graph_only = False

@@ -56,14 +56,14 @@ class PaddingMaskWatcher:
     def __init__(self, rec: Recorder, attention_masks):
         self.rec = rec
         self._attention_masks = attention_masks
-        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
+        self.loss_window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:
         """Nothing to patch: the graph is read at the first backwards."""
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             batches = self._attention_masks.padded_token_batches()

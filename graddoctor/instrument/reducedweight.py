@@ -62,14 +62,14 @@ def per_sample_factor(factor_shape: tuple, loss_input_shape: tuple) -> bool:
 class ReducedWeightWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS)
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

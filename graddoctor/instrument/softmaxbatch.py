@@ -73,7 +73,7 @@ class SoftmaxBatchWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._window = LossWindow(rec, _WINDOWS)
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._targets = 0  # soft targets whose values were read
         self._told: set = set()
 
@@ -81,7 +81,7 @@ class SoftmaxBatchWatcher:
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

@@ -111,14 +111,14 @@ def interleaved(ids, target, ignore: int = -100):
 class StreamAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._window = LossWindow(rec, _WINDOWS, self.describe_loss)
+        self.loss_window = LossWindow(rec, _WINDOWS, self.describe_loss)
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribes to DESCRIBE_LOSS only (instrument/__init__.py)
         pass
 
     def describe_loss(self, tensors) -> dict:
-        if not self._window.take():
+        if not self.loss_window.take():
             return {}
         try:
             self._look(tensors)

@@ -89,7 +89,7 @@ class AccumulationWindowMisaligned(Rule):
     code = "GD350"
     slug = "accumulation-window-misaligned"
     severity = Severity.WARNING
-    summary = ("gradient accumulation steps on `i % k == 0`: the first step (and, with a per-epoch "
+    summary = ("gradient accumulation steps on i % k == 0: the first step (and, with a per-epoch "
                "index, each epoch's first) applies fewer than k micro-batches")
     fix = "step on `(i + 1) % k == 0`, and on the epoch's last batch"
 
