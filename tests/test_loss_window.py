@@ -60,3 +60,17 @@ def test_a_retired_describer_is_resumed_when_the_window_reopens():
     assert rec.calls[-1] == ("resume", DESCRIBE_LOSS, _describe)
     assert window.take()
     assert rec.calls[-1] == ("retire", DESCRIBE_LOSS, _describe)
+
+
+def test_a_window_ended_early_is_closed_and_a_later_phase_reopens_it():
+    rec = _Rec()
+    window = LossWindow(rec, 8, _describe)
+    window.take()
+    window.end()  # the watcher's own count ran out after one backward of eight
+    assert window.closed and not window.take()
+    assert rec.calls[1:] == [("retire", DESCRIBE_LOSS, _describe)]
+    window.end()  # retired once
+    assert len(rec.calls) == 2
+    window.params_added(2, [5])
+    assert rec.calls[-1] == ("resume", DESCRIBE_LOSS, _describe)
+    assert [window.take() for _ in range(9)] == [True] * 8 + [False]
