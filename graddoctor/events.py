@@ -1038,8 +1038,9 @@ norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axe
                    target: "square", "abs", "relu", "clamp", "softplus", or a regression loss's
                    name): a norm on the loss's path over axis 0 of per-sample values (as long as
                    the leading axis of a tensor without gradient the graph read), shifted by a
-                   constant and penalised — at the first 3 backwards, once per line (loc: the
-                   norm's call; an aside; instrument/normbatch.py)
+                   constant and penalised, at_backward (a later phase's graph read alone: loc is
+                   its backward) — at the first 3 backwards and a later phase's, once per line
+                   (loc: the norm's call; an aside; instrument/normbatch.py)
 spread_minimised   form ("var": a var/std over axis 0; "centred": a square or norm of z - z.mean(0)),
                    shape (the (samples, features) sizes of z), params [pid] (tracked tensors
                    below it): the whole loss, through reductions and positive constant factors,
@@ -2446,8 +2447,10 @@ def samples_pushed_up(*, fn: str, samples: int, pushed: int, above: float, consu
                                  "consumers": consumers}
 
 
-def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str) -> Made:
-    return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty}
+def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str,
+               at_backward: bool = False) -> Made:
+    return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty,
+                          "at_backward": at_backward}
 
 
 def shift_cancelled(*, consumer: str, grad: bool, value: float | None, scalar: bool,

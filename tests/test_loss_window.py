@@ -80,7 +80,19 @@ def test_every_watcher_with_a_loss_window_is_installed_and_subscribed_for_a_late
     assert len(classes) >= 10
     rec = Recorder(step_budget=None)
     inst = Instrumentation(rec)
-    held = {type(w).__name__: w for w in inst.watchers if getattr(w, "loss_window", None) is not None}
+    held = {type(w).__name__: w for w in inst.loss_window_holders(rec)}
     assert set(held) == classes
     subscribed = set(rec.subscribers(PARAMS_ADDED).now)
     assert all(w.loss_window.params_added in subscribed for w in held.values())
+def test_a_window_ended_early_is_closed_and_a_later_phase_reopens_it():
+    rec = _Rec()
+    window = LossWindow(rec, 8, _describe)
+    window.take()
+    window.end()  # the watcher's own count ran out after one backward of eight
+    assert window.closed and not window.take()
+    assert rec.calls == [("retire", DESCRIBE_LOSS, _describe)]
+    window.end()  # retired once
+    assert len(rec.calls) == 1
+    window.params_added(2, [5])
+    assert rec.calls[-1] == ("resume", DESCRIBE_LOSS, _describe)
+    assert [window.take() for _ in range(9)] == [True] * 8 + [False]

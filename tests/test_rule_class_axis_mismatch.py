@@ -73,6 +73,9 @@ def test_a_softmax_over_the_batch_is_left_to_softmax_over_batch(tmp_path):
 
 
 class _Rec:
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+        pass
+
     def __init__(self):
         self.emitted = []
 

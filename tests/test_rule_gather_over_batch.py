@@ -72,6 +72,9 @@ def test_the_layout_of_a_pick_along_the_batch():
 
 
 class _Rec:
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+        pass
+
     def __init__(self):
         self.emitted = []
 

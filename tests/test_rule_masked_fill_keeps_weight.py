@@ -87,6 +87,9 @@ def test_the_watcher_reports_once_with_the_parameters():
         from graddoctor.instrument.identities import Identities
         tensors = Identities()
 
+        def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+            pass
+
         def here(self, skip=2):
             return None
 
@@ -176,6 +179,9 @@ def test_the_watcher_skips_a_fill_renormalised_afterwards():
     class _Rec:
         from graddoctor.instrument.identities import Identities
         tensors = Identities()
+
+        def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+            pass
 
         def here(self, skip=2):
             return None

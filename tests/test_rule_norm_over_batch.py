@@ -52,6 +52,20 @@ def test_a_norm_over_the_batch_is_a_warning_at_its_call(tmp_path):
     assert "every axis" in f.message and "flatten(1)" in f.fix
 
 
+def test_a_later_phase_finding_at_the_backward_is_placed_at_the_norm_call(tmp_path):
+    made = ev.norm_batch(shape=[64, 2], dims=[0], batch=64, penalty="square", at_backward=True)
+    t = _trace(tmp_path)
+    t.put(made, 7)  # a later phase's graph read alone: the event is at its backward
+    assert only(t, SLUG).location.line == 5
+
+
+def test_a_later_phase_finding_with_no_norm_call_in_the_source_is_left(tmp_path):
+    made = ev.norm_batch(shape=[64, 2], dims=[0], batch=64, penalty="square", at_backward=True)
+    t = _trace(tmp_path)
+    t.put(made, 2)  # no norm call of the script reaches a backward at line 2
+    assert findings(t, SLUG) == []
+
+
 def test_nothing_without_an_event(tmp_path):
     assert findings(_trace(tmp_path), SLUG) == []
 

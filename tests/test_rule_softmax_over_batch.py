@@ -84,6 +84,9 @@ def test_the_layout_of_a_batch_of_samples():
 
 
 class _Rec:
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+        pass
+
     def __init__(self):
         self.emitted = []
 
@@ -138,6 +141,9 @@ def test_the_source_reading_finds_gumbel_softmax_over_dim_0(tmp_path):
 # -- a soft target (without gradient) normalised over the batch -------------------------------
 
 class _TargetRec:
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+        pass
+
     def __init__(self):
         self.made = []
 

@@ -37,6 +37,9 @@ class _Rec:
     def internal_error(self, where, exc):
         raise exc
 
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED: no later phase here
+        pass
+
 
 def _judge(model, losses):
     """The events the watcher records for the losses computed by ``losses(model)`` and one

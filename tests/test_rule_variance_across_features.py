@@ -54,6 +54,9 @@ def test_nothing_without_an_event(tmp_path):
 
 
 class _Rec:
+    def subscribe(self, topic, subscriber):  # LossWindow's PARAMS_ADDED
+        pass
+
     def __init__(self):
         self.made = []
 

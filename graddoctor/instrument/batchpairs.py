@@ -11,7 +11,10 @@ together. Two families of silent bugs break that pairing after the loader:
 * **Inputs permuted without their labels.** The model gets the rows of the batch in another
   order (``x = x[torch.randperm(len(x))]``) while the loss's target keeps the loader's order.
 
-Both are read from values, on the first turns only (``WINDOW`` backwards), CPU tensors only:
+Both are read from values, on the first turns only (``WINDOW`` backwards), and on the first turns
+of a later training phase (``LossWindow``: an optimizer given parameters after the window closed;
+the module hooks are registered again then, never after torch.compile or an internal error),
+CPU tensors only:
 
 * ``BATCH_SERVED``: for the first ``SERVED`` batches the loaders serve, each tensor of the batch
   whose first dimension is the batch's gets a fingerprint per row (a weighted sum and a sum of
@@ -89,6 +92,7 @@ from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .graphpaths import saved
 from .graphpaths import signed as _signed
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 WINDOW = 8  # backwards judged, from the first one
@@ -193,7 +197,9 @@ class BatchPairWatcher:
         self._handles: list = []
         self._patcher = None
         self._served = 0
-        self._backwards = 0
+        self._backwards = 0  # backwards judged in all: the turn a served batch belongs to
+        self._ended = False  # torch.compile ran or the watcher failed: never reopened
+        self.loss_window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
         self._batches: list[_Batch] = []
         self._rows: dict[tuple, list] = {}  # row print -> [(batch, field, row)]
         self._wholes: dict[tuple, list] = {}  # whole print -> [(batch, field)]
@@ -255,7 +261,7 @@ class BatchPairWatcher:
                                 entry.prints[name] = torch.tensor(keys, dtype=torch.float64)
             self._batches.append(entry)
         except Exception as exc:
-            self._stop()
+            self._fail()
             self.rec.internal_error("batch pairing (batch)", exc)
 
     # -- module hooks: the model's inputs ----------------------------------------------------
@@ -273,7 +279,7 @@ class BatchPairWatcher:
                     and len(self._packed) < _RECURRENT:
                 self._packed_sequence(module, args[0], output)
         except Exception as exc:
-            self._stop()
+            self._fail()
             self.rec.internal_error("batch pairing (forward)", exc)
         return None
 
@@ -314,7 +320,7 @@ class BatchPairWatcher:
                 if looked >= _INPUTS:
                     break
         except Exception as exc:
-            self._stop()
+            self._fail()
             self.rec.internal_error("batch pairing (forward)", exc)
         return None
 
@@ -423,6 +429,7 @@ class BatchPairWatcher:
             return {}
         try:
             self._backwards += 1
+            self.loss_window.take()
             inputs, self._inputs = self._inputs, []
             loss_calls, self._loss_calls = self._loss_calls, []
             recurrent, self._recurrent = self._recurrent, []
@@ -437,10 +444,10 @@ class BatchPairWatcher:
             if inputs and self._wholes:
                 for root in _roots(tensors):
                     self._judge(root, inputs, loss_calls)
-            if self._backwards >= WINDOW or len(self._told) >= 4:
+            if self.loss_window.closed or len(self._told) >= 4:
                 self._stop()
         except Exception as exc:
-            self._stop()
+            self._fail()
             self.rec.internal_error("batch pairing", exc)
         return {}
 
@@ -564,17 +571,39 @@ class BatchPairWatcher:
             rows=inputs.rows, model_line=model_line), loc)
 
     # -- install -----------------------------------------------------------------------------
+    def _fail(self) -> None:
+        self._ended = True
+        self._stop()
+
     def _before_compile(self) -> None:
+        self._ended = True
         if self.active:
             self._stop()
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
+        self._patcher = patcher
+        self._open()
+
+    def _open(self) -> None:
         # the layers' hooks first: an outermost RNN's call is read as a layer, then as the model
-        self._handles = register_module_hooks(patcher, None, self._post_layer,
+        self._handles = register_module_hooks(self._patcher, None, self._post_layer,
                                               classes=(nn.RNNBase, nn.Embedding)) + \
-            register_module_hooks(patcher, None, self._post, outermost=True)
+            register_module_hooks(self._patcher, None, self._post, outermost=True)
         self.active = True
+
+    def _reopen(self) -> None:
+        """A later phase (an optimizer given parameters after the window closed): its first
+        batches are fingerprinted and its first turns judged too, unless torch.compile ran (it
+        warns about global module hooks) or every kind was told."""
+        if self.active or self._ended or self._patcher is None or len(self._told) >= 4:
+            return
+        try:
+            self._served = 0
+            self._open()
+        except Exception as exc:
+            self._fail()
+            self.rec.internal_error("batch pairing (reopen)", exc)
 
 
 def _last_index(node, length: int) -> bool:

@@ -15,7 +15,9 @@ tell ``loss_call`` of each call whose input needs no gradient while grad mode is
 such call: a few attribute reads (does any tensor argument need a gradient?); nothing for a call
 whose input has a graph (the usual one). A call whose tensor arguments all lack gradients is
 held, with its line, until the next backward (``describe_loss``), at the first ``_WINDOWS``
-backwards that follow such calls; there the loss's linear top (sums, differences, means,
+backwards that follow such calls, and again at those of a later training phase (``LossWindow``:
+an optimizer given parameters after the window closed; the wrappers stay, nothing is put back);
+there the loss's linear top (sums, differences, means,
 views, products and quotients by a constant: ``lossterms.signed_walk``) is walked and its
 operands with no graph counted (a ``None`` among an addition's inputs: the constant term, or
 the wrapped 0 that Python's ``sum()`` starts from, or a number added). Each held call becomes a
@@ -31,6 +33,7 @@ import torch
 
 from .. import events as ev
 from .lossterms import loss_root, signed_walk
+from .losswindow import LossWindow
 from .recorder import Recorder
 
 _WINDOWS = 4  # backwards (after such calls) whose held calls are recorded
@@ -63,12 +66,14 @@ def constant_operands(root) -> int:
 class ConstantLossWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0  # backwards whose held calls were recorded
+        # backwards whose held calls were recorded (a loss logged on detached values each step
+        # fills it in the first phase: a later phase's term is read when it reopens)
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._held: list = []  # (fn, loc) since the last backward
 
     def loss_call(self, fn: str, args, kwargs) -> None:
         """A wrapped loss function called with an input that needs no gradient, grad mode on."""
-        if self._windows >= _WINDOWS or len(self._held) >= _CALLS:
+        if self.loss_window.closed or len(self._held) >= _CALLS:
             return
         try:
             if any(map(_needs_grad, args)) or any(map(_needs_grad, kwargs.values())):
@@ -87,7 +92,7 @@ class ConstantLossWatcher:
             root = loss_root(tensors)
             if root is None:
                 return {}  # several tensors, or no graph: torch raises or nothing trains anyway
-            self._windows += 1
+            self.loss_window.take()
             here = self.rec.here()
             backward = here.line if here is not None else None
             constants = constant_operands(root)

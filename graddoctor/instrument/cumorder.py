@@ -24,7 +24,9 @@ cumulative op with a graph:
 Each finding is an aside event ``cumulative_order`` at the op's call line, once per line. Cost:
 the six entry points (``torch.cumsum``/``cumprod``/``logcumsumexp`` and the Tensor methods) are
 wrapped; inside the window a call with a graph notes its node (and for a 1-D score, the keys
-of two frames); after the window the wrapper returns at once.
+of two frames); after the window the wrapper returns at once. A later training phase
+(``LossWindow``: an optimizer given parameters after the window closed) opens the window again:
+the wrappers never left, nothing is patched again.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from .. import events as ev
 from .graphpaths import saved, saved_dims
 from .inlinable import watched_result
 from .lossterms import loss_roots
+from .losswindow import LossWindow
 from .recorder import Recorder
-from .topics import DESCRIBE_LOSS
 
 _LISTEN = 8  # backwards listened to at most
 _WINDOWS = 3  # backwards after cumulative ops judged
@@ -177,7 +179,9 @@ class CumulativeOrderWatcher:
         self.active = True
         self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)])
         self._judged = 0
-        self._backwards = 0
+        self._failed = False
+        # the backwards listened to (``_LISTEN``); a later phase listens again
+        self.loss_window = LossWindow(rec, _LISTEN, describer=self.describe_loss, on_reopen=self._reopen)
         self._done: set = set()
 
     # -- the calls ------------------------------------------------------------------------------
@@ -196,6 +200,7 @@ class CumulativeOrderWatcher:
             self._noted[node] = (op, loc, keys)
         except Exception as exc:
             self.active = False
+            self._failed = True  # never reopened after an internal error
             self.rec.internal_error(f"torch.{op}", exc)
 
     def _keys(self, rows: int) -> list:
@@ -215,7 +220,7 @@ class CumulativeOrderWatcher:
     def describe_loss(self, tensors) -> dict:
         """Judges the backwards after noted calls; off the backwards after ``_WINDOWS`` judged
         or ``_LISTEN`` in all."""
-        self._backwards += 1
+        self.loss_window.take()
         noted, self._noted = self._noted, {}
         try:
             if noted:
@@ -223,10 +228,19 @@ class CumulativeOrderWatcher:
                 self._judge(tensors, noted)
         except Exception as exc:
             self.rec.internal_error("cumulative_order", exc)
-        if self._judged >= _WINDOWS or self._backwards >= _LISTEN:
+        if self._judged >= _WINDOWS or self.loss_window.closed:
             self.active = False
-            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+            self._noted = {}
+            self.loss_window.end()  # retires describe_loss
         return {}
+
+    def _reopen(self) -> None:
+        """A later phase: its first cumulative ops are noted and judged too."""
+        if self._failed:
+            return
+        self._judged = 0
+        self._noted = {}
+        self.active = True
 
     def _judge(self, tensors, noted: dict) -> None:
         parents: dict = {}

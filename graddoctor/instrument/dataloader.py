@@ -31,7 +31,9 @@ once (a few sets at most); until then each batch costs a dict write.
 
 The first ``SERVED_BATCHES`` batches the loaders serve are handed, as yielded, to
 ``BATCH_SERVED``'s subscribers (instrument/batchpairs.py: inputs and labels of one batch); then
-that costs one integer test per batch.
+that costs one integer test per batch. An optimizer given parameters after they ran out (a later
+training phase, ``PARAMS_ADDED``) hands its first ``SERVED_BATCHES`` too, at most
+``losswindow.REOPENS`` times a run, as the loss windows reopen.
 
 Which rows of which dataset each loader serves is noted once, at its first ``iter()``: its
 dataset followed through ``Subset``s (a ``random_split``'s parts) and a ``SubsetRandomSampler``
@@ -63,7 +65,8 @@ from .. import events as ev
 from .identities import Identities
 from .planned import framework_plan, planned
 from .recorder import Deferred, Recorder
-from .topics import BATCH_SERVED, BUDGET_HOLD
+from .losswindow import REOPENS
+from .topics import BATCH_SERVED, BUDGET_HOLD, PARAMS_ADDED
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
 # the same number, checked by tests/test_config.py
@@ -125,6 +128,8 @@ class DataLoaderWatcher:
         rec.subscribe(BUDGET_HOLD, self._hold)
         self._on_served = rec.subscribers(BATCH_SERVED)
         self._announce = SERVED_BATCHES  # batches still handed to them
+        self._announced_again = 0  # later phases given SERVED_BATCHES more
+        rec.subscribe(PARAMS_ADDED, self._params_added)
         # the rows each loader serves: loader number -> (its base's number, frozenset of the
         # base's indices, or None for all of them), for loader_rows
         self._dataset_id = Identities()
@@ -532,6 +537,13 @@ class DataLoaderWatcher:
     def trains(self) -> bool:
         """Whether a DataLoader's batches reached a backward (its epochs hold the budget)."""
         return bool(self._training)
+
+    def _params_added(self, opt: int, pids: list) -> None:
+        """PARAMS_ADDED: a later phase's first batches are handed to BATCH_SERVED too (its
+        subscribers' windows reopen with the loss windows)."""
+        if self._announce == 0 and self._announced_again < REOPENS:
+            self._announced_again += 1
+            self._announce = SERVED_BATCHES
 
     def _hold(self) -> bool:
         """Go on past the step budget until a training loader has begun its third epoch, for at

@@ -6,8 +6,11 @@ map of ``x``. With ``h`` at least ``min(a, c)`` the pair can represent nothing o
 of an ``nn.Sequential``, ``self.fc2(self.fc1(x))``) is missing, and a "deep" MLP is a linear
 model that cannot fit anything a linear model cannot.
 
-Read at the forwards before the first ``WINDOW`` backwards, from a global forward hook (removed
-with the window) on ``nn.Linear`` modules run under grad mode on the script's thread:
+Read at the forwards before the first ``WINDOW`` backwards, and before those of a later training
+phase (``LossWindow``: an optimizer given parameters after the window closed, a fine-tuning
+model's new head), from a global forward hook (removed with the window, registered again when it
+reopens, never after torch.compile) on ``nn.Linear`` modules run under grad mode on the
+script's thread:
 
 * each such module's output ``grad_fn`` is noted (at most ``_NOTED`` per turn) with the module;
 * each such module's input is followed back through the nodes that only move values (views,
@@ -55,6 +58,7 @@ from torch import nn
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .dropoutout import backward_roots, loss_predictions, module_caller
+from .losswindow import REOPENS, LossWindow
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
@@ -99,7 +103,9 @@ class LinearStackWatcher:
         self.rec = rec
         self.active = False
         self._handles: list = []
-        self._backwards = 0
+        self._patcher = None
+        self._compiled = False
+        self.loss_window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
         # this turn's linear outputs: id of the grad_fn -> (grad_fn, module)
         self._outputs: dict[int, tuple] = {}
         self._dropped: dict[int, object] = {}  # this turn's dropout modules' output nodes
@@ -140,6 +146,7 @@ class LinearStackWatcher:
             self._chained = 1
         except Exception as exc:
             self._stop()
+            self._compiled = True  # never reopened after an internal error
             self.rec.internal_error("linear layers in a row", exc)
         return None
 
@@ -210,7 +217,7 @@ class LinearStackWatcher:
 
         def __init__(module, *args, **kwargs):
             original(module, *args, **kwargs)
-            if not watcher.active or type(module) is not nn.Linear:
+            if not watcher._noting_sites() or type(module) is not nn.Linear:
                 return
             try:
                 frame = sys._getframe(1)
@@ -229,7 +236,7 @@ class LinearStackWatcher:
     # -- backwards --------------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
         if self.active:
-            self._backwards += 1
+            self.loss_window.take()
             pending, self._pending = self._pending, []
             if pending:
                 predictions = {id(node) for root in backward_roots(tensors) for _, node in loss_predictions(root)}
@@ -240,18 +247,42 @@ class LinearStackWatcher:
                     if facts["listed"] or ends:
                         self.rec.emit_aside(ev.linear_stack(**facts, ends_in_loss=ends), loc)
             self._outputs, self._dropped, self._readers = {}, {}, {}
-            if self._backwards >= WINDOW:
+            if self.loss_window.closed:
                 self._stop()
         return {}
 
+    def _noting_sites(self) -> bool:
+        """Whether a new layer's construction is noted: while the window is open, and while it
+        can still reopen (a later phase's head is built before the optimizer that reopens it)."""
+        return self.active or (not self._compiled and self._patcher is not None
+                               and self.loss_window.reopened < REOPENS)
+
     def _before_compile(self) -> None:
+        self._compiled = True
         if self.active:
             self._stop()
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self.active = True
+        self._patcher = patcher
         patcher.patch(nn.Linear, "__init__", self._wrap_init(nn.Linear.__init__))
-        self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
+        self._open()
+
+    def _open(self) -> None:
+        self._handles = register_module_hooks(self._patcher, None, self._post, with_kwargs=False,
                                               always_call=False,
                                               classes=(nn.Linear, nn.modules.dropout._DropoutNd))
+        self.active = True
+
+    def _reopen(self) -> None:
+        """A later phase (an optimizer given parameters after the window closed): read its first
+        forwards too, unless torch.compile ran (it warns about global module hooks)."""
+        if self.active or self._compiled or self._patcher is None:
+            return
+        try:
+            self._open()
+            self.rec.resume(DESCRIBE_LOSS, self.describe_loss)
+        except Exception as exc:
+            self._stop()
+            self._compiled = True  # never reopened after an internal error
+            self.rec.internal_error("linear layers in a row (reopen)", exc)

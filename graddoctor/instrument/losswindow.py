@@ -52,6 +52,14 @@ class LossWindow:
     def closed(self) -> bool:
         return self.taken >= self.size
 
+    def end(self) -> None:
+        """The watcher read enough before ``size`` backwards (its own, finer count ran out):
+        the window is closed, and a later phase opens it again."""
+        self.taken = max(self.taken, self.size)
+        if self.describer is not None and not self.retired:
+            self.retired = True
+            self.rec.retire(DESCRIBE_LOSS, self.describer)
+
     def params_added(self, opt: int, pids: list) -> None:
         """PARAMS_ADDED: an optimizer given parameters after the window closed begins a later
         phase: read its first ``size`` backwards too."""

@@ -9,7 +9,9 @@ cells. The loss must count the hidden positions. A mask the wrong way round (``m
 given as a channel, the image whole) trains the model to copy what it is given; the loss falls
 and the model learns nothing it can use where the input is missing.
 
-What the run shows, with no name read, at the first ``WINDOW`` backwards:
+What the run shows, with no name read, at the first ``WINDOW`` backwards, and at those of a
+later training phase (``LossWindow``: an optimizer given parameters after the window closed; the
+module hooks are registered again then, never after torch.compile or an internal error):
 
 * Global module hooks note each ``nn.Linear`` and convolution called on graph-free CPU floating
   data (the model's input) and, for a linear layer, put a read-only gradient hook on its output:
@@ -55,6 +57,7 @@ from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .lossnodes import REGRESSIONS, loss_of
 from .graphpaths import saved
+from .losswindow import LossWindow
 from .maskmean import masked_share
 from .patcher import check_hook
 from .recorder import Recorder
@@ -140,7 +143,9 @@ class MaskedVisibleWatcher:
         self.rec = rec
         self.active = False
         self._handles: list = []
-        self._backwards = 0
+        self._patcher = None
+        self._ended = False  # torch.compile ran or the watcher failed: never reopened
+        self.loss_window = LossWindow(rec, WINDOW, on_reopen=self._reopen)
         self._entries: list[_Entry] = []  # this turn's first layers on data
         self._outputs: dict[int, tuple] = {}  # id of an output's grad_fn -> (node, weakref to it)
         # the last module outputs of this turn, held until its backward: a prediction the script
@@ -347,7 +352,7 @@ class MaskedVisibleWatcher:
         try:
             self._judge_pending()
             if self.active:
-                self._backwards += 1
+                self.loss_window.take()
                 items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
                 terms = []
                 for root in [t.grad_fn for t in items[:4]
@@ -364,7 +369,7 @@ class MaskedVisibleWatcher:
                     self.rec.resume(STEPPED, self.after_step)
                 else:
                     _release(entries)
-                if self._backwards >= WINDOW:
+                if self.loss_window.closed:
                     self._close_hooks()
         except Exception as exc:
             self._stop()
@@ -407,19 +412,36 @@ class MaskedVisibleWatcher:
         self._recent.clear()
 
     def _stop(self) -> None:
+        self._ended = True
         self._close_hooks()
         for _, entries, _ in self._pending:
             _release(entries)
         self._pending = []
 
     def _before_compile(self) -> None:
+        self._ended = True
         if self.active:
             self._stop()
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, None, self._post)
+        self._patcher = patcher
+        self._open()
+
+    def _open(self) -> None:
+        self._handles = register_module_hooks(self._patcher, None, self._post)
         self.active = True
+
+    def _reopen(self) -> None:
+        """A later phase (an optimizer given parameters after the window closed): read its first
+        backwards too, unless torch.compile ran (it warns about global module hooks)."""
+        if self.active or self._ended or self._patcher is None:
+            return
+        try:
+            self._open()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("masked target visible (reopen)", exc)
 
 
 # graph nodes that mix a sequence's or a set's positions: attention's batched products, gathers

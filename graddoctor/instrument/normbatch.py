@@ -31,6 +31,11 @@ that node with its line. At each of those backwards (``DESCRIBE_LOSS``), when a 
 the loss's graph is walked once (``_NODES`` at most); a noted node in it is judged from saved
 attributes and node metadata (shapes only: no tensor's values are read, nothing is unpacked
 under saved-tensor hooks) and becomes a ``norm_batch`` aside event at the call's line.
+
+A later training phase (``LossWindow``: an optimizer given parameters after the window closed)
+is read from the graph alone: torch's norms and ``sqrt`` are not wrapped again (scripts hold
+them as values), so every norm node of its first backwards' losses is judged, and a finding is
+placed at the backward (``at_backward``), the rule finding the norm's call in the source.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .. import events as ev
 from .dependency import close_before_compile
 from .graphpaths import post_order, saved
 from .inlinable import watched_call
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .softmaxbatch import _BELOW, _data_leading
 from .topics import DESCRIBE_LOSS
@@ -183,7 +189,9 @@ class NormBatchWatcher:
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
         self._open = True
-        self._windows = 0
+        self._graph_only = False  # a later phase's backwards: every norm node of the graph
+        self._ended = False  # torch.compile ran or the watcher failed: never reopened
+        self.loss_window = LossWindow(rec, _WINDOWS, on_reopen=self._reopen)
         self._noted: dict = {}  # id(node) -> (node, the user's Location of the call)
         self._told: set = set()
         self._restore: list = []
@@ -195,7 +203,12 @@ class NormBatchWatcher:
                 continue
             wrapper = patcher.patch(owner, name, watched_call(original, self._after))
             self._restore.append((owner, name, original, wrapper))
-        close_before_compile(patcher, self._close)
+        close_before_compile(patcher, self._before_compile)
+
+    def _before_compile(self) -> None:
+        self._ended = True
+        self._graph_only = False
+        self._close()
 
     def _after(self, args, kwargs, result) -> None:
         if not self._open or not isinstance(result, torch.Tensor) or result.grad_fn is None:
@@ -212,20 +225,32 @@ class NormBatchWatcher:
                 self._noted[id(node)] = (node, loc)
         except Exception as exc:
             self._open = False
+            self._ended = True
             self.rec.internal_error(_LABEL, exc)
 
+    def _reopen(self) -> None:
+        if not self._open and not self._ended:
+            self._graph_only = True
+            self.rec.resume(DESCRIBE_LOSS, self.describe_loss)
+
     def describe_loss(self, tensors) -> dict:
-        if not self._open:
+        if not (self._open or self._graph_only):
             return {}
-        self._windows += 1
+        self.loss_window.take()
         noted, self._noted = self._noted, {}
         try:
             if noted:
                 self._look(tensors, noted)
+            elif self._graph_only:
+                self._look(tensors, None)
         except Exception as exc:
             self.rec.internal_error(_LABEL, exc)
-        if self._windows >= _WINDOWS:
-            self._close()
+        if self.loss_window.closed:
+            if self._open:
+                self._close()
+            elif self._graph_only:
+                self._graph_only = False
+                self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         return {}
 
     def _close(self) -> None:
@@ -248,13 +273,24 @@ class NormBatchWatcher:
         except Exception:
             return None
 
-    def _look(self, tensors, noted: dict) -> None:
+    def _look(self, tensors, noted: dict | None) -> None:
+        """``noted``: the norm calls the wrappers saw, with their lines; None for a later
+        phase's graph read alone (its norm nodes, placed at the backward)."""
         items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
         loader_batch = self._loader_batch()
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
             nodes = post_order(root, _NODES)
             if not nodes:
                 continue
+            if noted is None:
+                here = self.rec.here()
+                if here is None:
+                    return
+                noted = {id(n): (n, here) for n in nodes
+                         if _name(n).startswith(_NORMS) or _name(n) == "SqrtBackward0"}
+                at_backward = True
+            else:
+                at_backward = False
             found = [n for n in nodes if id(n) in noted and noted[id(n)][0] is n]
             if not found:
                 continue
@@ -282,4 +318,5 @@ class NormBatchWatcher:
                     continue
                 self._told.add(key)
                 self.rec.emit_aside(ev.norm_batch(shape=list(shape), dims=None if dims is None else list(dims),
-                                                  batch=batch, penalty=penalty), loc)
+                                                  batch=batch, penalty=penalty,
+                                                  at_backward=at_backward), loc)

@@ -7,7 +7,8 @@ log-likelihoods sums each component over the batch instead of each sample over i
 ``prod(dim=0)`` of per-frame probabilities: each is meant over the sample's own axis. The loss
 still falls and every shape agrees, because the loss's final mean takes whatever axis is left.
 
-How it is seen: at the first ``_WINDOWS`` backwards (``DESCRIBE_LOSS``), the loss's graph is
+How it is seen: at the first ``_WINDOWS`` backwards (``DESCRIBE_LOSS``), and at those of a later
+training phase (``LossWindow``: an optimizer given parameters after they ran), the loss's graph is
 walked once (at most ``_NODES`` nodes) for ``LogsumexpBackward0``, ``MaxBackward0``,
 ``MinBackward0``, ``AmaxBackward0``, ``AminBackward0`` and ``ProdBackward1`` nodes whose
 dimensions include dim 0 of their input. One is a candidate when its input is laid out like a
@@ -39,6 +40,7 @@ import torch
 from .. import events as ev
 from .patcher import check_hook
 from .graphpaths import post_order, saved, saved_dims
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .softmaxbatch import over_batch
 
@@ -124,7 +126,9 @@ class ReduceBatchWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self._windows = 0
+        # a later phase's first backwards are read too: the look is graph-only (node prehooks
+        # taken out at the next look), nothing of torch is wrapped again
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._told: set = set()
         self._handles: list = []
 
@@ -132,9 +136,8 @@ class ReduceBatchWatcher:
         patcher.handle(_Cleanup(self._remove))  # hooks of the last look go at the run's end
 
     def describe_loss(self, tensors) -> dict:
-        if self._windows >= _WINDOWS:
+        if not self.loss_window.take():
             return {}
-        self._windows += 1
         self._remove()
         try:
             self._look(tensors)

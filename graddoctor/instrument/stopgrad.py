@@ -14,7 +14,9 @@ The losses in ``torch.nn.functional`` that take a target of the input's kind (``
 ``binary_cross_entropy_with_logits``, ``cross_entropy`` with probability targets) are patched
 (their ``nn`` modules call them). Cost per call: a counter and two attribute reads (does the
 target need a gradient at all?); only a target that does, under grad mode, in the losses of the
-first ``_WINDOWS`` backwards that had such calls, has its graph and the input's walked (the leaves each reaches; a node budget). A call is
+first ``_WINDOWS`` backwards that had such calls (and of a later training phase's: an optimizer
+given parameters after they ran, ``LossWindow``; the wrappers stay, nothing is patched again),
+has its graph and the input's walked (the leaves each reaches; a node budget). A call is
 recorded (a ``target_grad`` aside event, once per call line) when
 
 * target and input reach some tracked tensor in common (the same parameters), and
@@ -87,6 +89,7 @@ from .. import events as ev
 from .graphpaths import reached
 from .inlinable import watched
 from .lossterms import PerLine, loss_root, loss_roots
+from .losswindow import LossWindow
 from .recorder import Recorder
 from .samevalue import LazySaved, verify_twins
 
@@ -439,7 +442,9 @@ def _anchored(target_branch, supervised: list) -> bool:
 class TargetGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._windows = 0  # backwards whose losses were judged
+        # backwards whose built-in loss calls were judged; a later phase (an optimizer given
+        # parameters after it closed) judges its first ones too: the wrappers never left
+        self.loss_window = LossWindow(rec, _WINDOWS)
         self._calls = 0  # calls judged since the last backward
         self._done: set = set()  # call lines recorded
         self._pending: list = []  # (loc, input branch, target branch, event) until the next backward
@@ -450,7 +455,7 @@ class TargetGradWatcher:
         watcher, rec = self, self.rec
 
         def before(args, kwargs) -> None:
-            if watcher._windows >= _WINDOWS and watcher._lines.exhausted:
+            if watcher._window.closed and watcher._lines.exhausted:
                 return
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
@@ -461,7 +466,7 @@ class TargetGradWatcher:
                 return  # the swapped arguments are loss-input-mismatch's
             if len(watcher._called) < 4 * _CALLS:  # its pieces are this call's, not hand-written
                 watcher._called.update((input.grad_fn, target.grad_fn))
-            if watcher._windows >= _WINDOWS:
+            if watcher._window.closed:
                 return
             try:
                 watcher._calls += 1
@@ -557,8 +562,8 @@ class TargetGradWatcher:
         calls and the hand-written comparisons of this loss), less the pairs seen both ways
         round, become events."""
         calls, self._calls = self._calls, 0
-        if calls and self._windows < _WINDOWS:
-            self._windows += 1
+        if calls:
+            self.loss_window.take()
         try:
             self._read_handwritten(tensors)
         except Exception as exc:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
 
 
@@ -11,10 +12,11 @@ class NormOverBatch(Rule):
     WGAN-GP gradient penalty written `(g.norm(2, dim=0) - 1) ** 2` or `(g.norm(2) - 1) ** 2` on
     a (batch, ...) input gradient, a one-sided Lipschitz penalty `relu(norm - 1)`, a ring loss
     `(feats.norm(dim=0) - R) ** 2`, a norm written out as `sqrt((g ** 2).sum(0))`. Seen in the
-    graph of the first backwards: the norm reduces axis 0 of a tensor whose axis 0 is as long
-    as the data the graph read (and the DataLoader's batch), its result is shifted by a
-    constant or a single number and squared, taken `abs` or `relu` of, clamped, or given to a
-    regression loss. Reported at the norm's call.
+    graph of the first backwards, and of a later training phase's (a fine-tuning stage's): the
+    norm reduces axis 0 of a tensor whose axis 0 is as long as the data the graph read (and the
+    DataLoader's batch), its result is shifted by a constant or a single number and squared,
+    taken `abs` or `relu` of, clamped, or given to a regression loss. Reported at the norm's
+    call (in a later phase, the one norm call of the script whose value reaches that backward).
 
     ## Why is this bad?
     Over axis 0 the norm mixes the samples: each value is one feature's norm across the
@@ -54,6 +56,8 @@ class NormOverBatch(Rule):
         told: set = set()
         for event in a.by_kind.get("norm_batch", ()):
             loc = event.loc
+            if loc is not None and event.get("at_backward"):
+                loc = self._norm_call(a, loc)  # a later phase's graph, read alone
             if loc is None or (loc.path, loc.line) in told:
                 continue
             told.add((loc.path, loc.line))
@@ -74,3 +78,17 @@ class NormOverBatch(Rule):
                                "batch": event["batch"], "penalty": penalty},
                 fix=("take the norm per sample, over its features: `dim=1`" if len(event["shape"]) == 2
                      else self.fix))
+
+    @staticmethod
+    def _norm_call(a, backward):
+        """The one norm or sqrt call of the script whose value reaches the backward at
+        ``backward`` (a later phase's finding, read from its graph alone); None when the source
+        shows none or several: the line to change is not known."""
+        calls = [line for line, _text, _fwd in a.source.calls_named(backward.path, _NORM_CALLS)
+                 if a.source.value_reaches_backward(backward.path, line) == backward.line]
+        if len(calls) != 1:
+            return None
+        return Location(backward.path, calls[0], backward.function, backward.via, backward.hook)
+
+
+_NORM_CALLS = frozenset({"norm", "vector_norm", "sqrt"})

@@ -182,7 +182,8 @@ class PenaltyWithoutGraph(Rule):
         told: set = set()  # cuts reported: a helper's two loss calls fed by one cut are one bug
         for (path, line), events in by_call.items():
             lines = {e.get("backward") for e in events}
-            if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
+            times = a.count(events)  # folded copies included: a later phase's turns fold too
+            if times < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
                 continue  # a phase, a backward of another loss, or no constant term in its sum
             backward = lines.pop()
             if backward is None or a.source.value_reaches_backward(path, line) != backward:
@@ -202,12 +203,12 @@ class PenaltyWithoutGraph(Rule):
                 related.insert(0, Related(Location(path, line), f"the {fn} term it feeds"))
             yield self.finding(
                 f"the {fn} at line {line} is added to the loss backpropagated at line {backward}, "
-                f"but {cause}: the term is a constant at each of the {len(events)} backwards checked. It "
+                f"but {cause}: the term is a constant at each of the {times} backwards checked. It "
                 f"changes the loss value and not one gradient, so what it should train never "
                 f"learns from it",
                 Location(path, at), related=tuple(related),
                 evidence={"backward_line": backward, "via": "loss", "function": fn, "how": how,
-                          "loss_line": line, "backwards": len(events)},
+                          "loss_line": line, "backwards": times},
                 fix=("compute the loss term from the prediction itself, not from a `.detach()`, "
                      "`.data`, NumPy or `torch.no_grad()` copy of it (keep a detached copy for "
                      "logging only); drop the term if it is not meant to train anything"))
