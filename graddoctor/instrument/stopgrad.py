@@ -455,7 +455,7 @@ class TargetGradWatcher:
         watcher, rec = self, self.rec
 
         def before(args, kwargs) -> None:
-            if watcher._window.closed and watcher._lines.exhausted:
+            if watcher.loss_window.closed and watcher._lines.exhausted:
                 return
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
@@ -466,7 +466,7 @@ class TargetGradWatcher:
                 return  # the swapped arguments are loss-input-mismatch's
             if len(watcher._called) < 4 * _CALLS:  # its pieces are this call's, not hand-written
                 watcher._called.update((input.grad_fn, target.grad_fn))
-            if watcher._window.closed:
+            if watcher.loss_window.closed:
                 return
             try:
                 watcher._calls += 1
