@@ -80,7 +80,7 @@ def test_every_watcher_with_a_loss_window_is_installed_and_subscribed_for_a_late
     assert len(classes) >= 10
     rec = Recorder(step_budget=None)
     inst = Instrumentation(rec)
-    held = {type(w).__name__: w for w in inst.loss_window_holders(rec)}
+    held = {type(w).__name__: w for w in inst.loss_window_holders()}
     assert set(held) == classes
     subscribed = set(rec.subscribers(PARAMS_ADDED).now)
     assert all(w.loss_window.params_added in subscribed for w in held.values())

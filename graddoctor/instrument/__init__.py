@@ -202,6 +202,7 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
+        self.watchers.append(constants)
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
         one_value = ConstantTargetsWatcher(rec, self.dataloader)
@@ -663,16 +664,12 @@ class Instrumentation:
         self.namer = ParamNamer(rec, self.optimizers)
         # a later training phase (an optimizer given parameters after the loss-graph windows
         # closed) opens them again: instrument/losswindow.py
-        for watcher in self.loss_window_holders(rec):
+        for watcher in self.loss_window_holders():
             rec.subscribe(PARAMS_ADDED, watcher.loss_window.params_added)
 
-    def loss_window_holders(self, rec: Recorder) -> list:
-        """The watchers that hold a ``loss_window``: installed ones, and those only subscribed
-        to ``DESCRIBE_LOSS`` (a loss-call helper's watcher)."""
-        owners = list(self.watchers) + [getattr(fn, "__self__", None)
-                                        for fn in rec.subscribers(DESCRIBE_LOSS).now]
-        found = {id(w): w for w in owners if getattr(w, "loss_window", None) is not None}
-        return list(found.values())
+    def loss_window_holders(self) -> list:
+        """The watchers that hold a ``loss_window`` (instrument/losswindow.py)."""
+        return [w for w in self.watchers if getattr(w, "loss_window", None) is not None]
 
     def __enter__(self) -> "Instrumentation":
         self._tensor_attrs_loaded = tensor_attrs_loaded()

@@ -71,6 +71,9 @@ class ConstantLossWatcher:
         self.loss_window = LossWindow(rec, _WINDOWS)
         self._held: list = []  # (fn, loc) since the last backward
 
+    def install(self, patcher) -> None:  # the loss wrappers (LossCalls) call it; subscribed at construction
+        pass
+
     def loss_call(self, fn: str, args, kwargs) -> None:
         """A wrapped loss function called with an input that needs no gradient, grad mode on."""
         if self.loss_window.closed or len(self._held) >= _CALLS:
