@@ -285,6 +285,49 @@ def test_the_sampled_turns_fall_on_every_residue_of_any_period():
             assert {t % period for t in sampled} == set(range(period)), (every, period)
 
 
+def test_the_samples_of_a_long_steady_state_thin_out_to_a_bounded_gap():
+    """The gap doubles each time the samples have covered ``longer`` turns at one gap, up to
+    ``longest``: never more than ``longest + longest // 8`` turns between two samples (what a
+    sample reads is found at most that late), and every residue of any period up to 64 still
+    sampled within 40,000 turns. A steady state taken up again after a snapshot keeps the gap
+    the one before had reached."""
+    schedule = fold.SampleSchedule(16, 64, 2048)
+    sampled = [t for t in range(40_000) if schedule.sampled(t)]
+    gaps = {lo: [b - a for a, b in zip(sampled, sampled[1:]) if lo <= a < hi]
+            for lo, hi in ((0, 2000), (2100, 4000), (4200, 40_000))}
+    assert 14 <= min(gaps[0]) and max(gaps[0]) <= 18
+    assert 28 <= min(gaps[2100]) and max(gaps[2100]) <= 36
+    assert 56 <= min(gaps[4200]) and max(gaps[4200]) <= 72
+    assert abs(sum(gaps[4200]) / len(gaps[4200]) - 64) < 1
+    for period in range(2, 65):
+        assert {t % period for t in sampled} == set(range(period)), period
+    resumed = fold.SampleSchedule(16, 64, 2048, lasted=5000)
+    later = [t for t in range(4000) if resumed.sampled(t)]
+    assert all(56 <= b - a <= 72 for a, b in zip(later[1:], later[2:]))
+    assert fold.SKIM_EVERY_MAX + fold.SKIM_EVERY_MAX // 8 <= 72  # the bound the docs give
+
+
+def test_a_nan_late_in_a_long_skim_is_found_within_the_thinned_gap(monkeypatch):
+    """A bug that appears only late (a NaN gradient, read on sampled turns only) in a steady
+    state that has thinned its samples to the widest gap is still found, at most
+    ``SKIM_EVERY_MAX + SKIM_EVERY_MAX // 8 - 1`` steps after the step it appears at, and it is
+    the finding the run without the skim makes (its step aside)."""
+    _skim_constants(monkeypatch)
+    monkeypatch.setattr(fold, "SKIM_EVERY_MAX", 16)
+    monkeypatch.setattr(fold, "SKIM_LONGER", 24)
+    _, skimmed, _ = _skim_run({}, 260, True, monkeypatch)
+    sampled = [i for i in range(min(skimmed), 260) if i not in skimmed]
+    assert max(b - a for a, b in zip(sampled, sampled[1:]) if a > 120) > 5  # thinned (4 → 16)
+    at = next(i for i in sampled if i > 180) + 1  # the turn after a sample: the longest delay
+    plan = {t: "nan" for t in range(at, 260)}  # from then on, as a diverged run goes on
+    with_skim, _, _ = _skim_run(plan, 260, True, monkeypatch)
+    without, _, _ = _skim_run(plan, 260, False, monkeypatch)
+    assert [(k[0], k[2]) for k in with_skim] == [(k[0], k[2]) for k in without]
+    found = [k[3] for k in with_skim if k[0] == "nonfinite-grad"]
+    first = [k[3] for k in without if k[0] == "nonfinite-grad"]
+    assert found and first and 0 <= found[0] - first[0] <= 16 + 16 // 8 - 1, (found, first)
+
+
 def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(monkeypatch):
     _skim_constants(monkeypatch)
     _, skimmed, with_skim = _skim_run({}, 300, True, monkeypatch)

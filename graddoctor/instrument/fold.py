@@ -75,6 +75,15 @@ STEADY_HOOKS = True
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
+# Once a steady state has lasted SKIM_LONGER turns at one gap, its samples thin out: the gap
+# doubles, up to SKIM_EVERY_MAX (1 in 16 up to its 2,048th turn, 1 in 32 up to its 4,096th, 1 in
+# 64 from then on). A sampled turn reads ~3.5 times a skimmed turn's Python (the grads, the norm
+# pass, the loss describers): at 1 in 16 a sixth of a long run's cost per turn. What a sample
+# reads is found later the longer the gap: a NaN gradient at most SKIM_EVERY_MAX +
+# SKIM_EVERY_MAX // 8 - 1 turns late (71), a deviation that only the reads show certain to be read
+# if it lasts 72 turns (docs/performance.md); what changes a turn's shape is found on any turn.
+SKIM_EVERY_MAX = 64
+SKIM_LONGER = 2048
 # The three starts above (FOLD_AFTER, STEADY_AFTER, SKIM_AFTER) count turns, but what a turn's
 # full reads cost grows with the tensors the optimizers own: a 30,000-tensor model pays a hundred
 # times what a 300-tensor one does per turn. Past ``WORK_REFERENCE`` owned tensors each start is
@@ -106,19 +115,33 @@ class SampleSchedule:
     repeats every 2nd, 16th or 32nd turn lands on sampled turns too (with samples exactly every
     ``every`` turns, one repeating with a multiple of ``every`` on another turn was never read),
     and two samples are never more than ``every + every // 8`` turns apart. Asked about turns in
-    increasing order (``Folder.skimming``)."""
+    increasing order (``Folder.skimming``).
 
-    __slots__ = ("every", "spread", "next", "count")
+    ``longest`` and ``longer``: once the samples have covered ``longer`` turns at one ``every``,
+    it doubles, up to ``longest`` (``lasted``: turns the steady states a snapshot ended just
+    before this one had lasted, counted as this one's: a provisional report does not bring the
+    dense samples back)."""
 
-    def __init__(self, every: int):
+    __slots__ = ("every", "spread", "next", "count", "longest", "longer", "since")
+
+    def __init__(self, every: int, longest: int | None = None, longer: int | None = None,
+                 lasted: int = 0):
         self.every = every
         self.spread = max(1, every // 8)
         self.next = 0  # the next sampled turn
         self.count = 0  # samples placed so far
+        self.longest = every if longest is None or not longer else max(every, longest)
+        self.longer = longer
+        self.since = -lasted  # the turn the current ``every`` began at
 
     def sampled(self, turn: int) -> bool:
         while self.next < turn:
             self.count += 1
+            if self.every < self.longest and self.next - self.since >= self.longer:
+                while self.every < self.longest and self.next - self.since >= self.longer:
+                    self.every = min(self.longest, 2 * self.every)
+                    self.since += self.longer
+                self.spread = max(1, self.every // 8)
             drawn = ((self.count * 2654435761) & 0xFFFFFFFF) >> 16
             self.next += max(1, self.every - self.spread + drawn % (2 * self.spread + 1))
         return self.next == turn
@@ -852,7 +875,8 @@ class Folder:
             return False
         schedule = steady.samples
         if schedule is None:
-            schedule = steady.samples = SampleSchedule(self.skim_every)
+            schedule = steady.samples = SampleSchedule(
+                self.skim_every, SKIM_EVERY_MAX, SKIM_LONGER, steady.prior)
         # a steady state taken up again after a snapshot: from its third turn (the first arms
         # the hooks) if the one before had lasted long enough
         # (a turn before the next sampled one is not sampled: SampleSchedule.sampled, unasked)
