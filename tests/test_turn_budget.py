@@ -16,6 +16,10 @@ import turn_opcodes  # noqa: E402
 
 # graddoctor opcodes per skimmed turn of turn_opcodes' tiny loop (measured: see performance.md)
 TURN_BUDGET = 1655
+# the average turn (the sampled ones included) of a steady state past its 4,096th turn, where one
+# turn in 64 is sampled (fold.SKIM_EVERY_MAX; ~3,900 opcodes more each): 1,689 measured, 1,859 with
+# one in 16
+LONG_TURN_BUDGET = 1760
 
 
 def test_a_skimmed_turn_stays_within_its_opcode_budget(tmp_path):
@@ -25,3 +29,13 @@ def test_a_skimmed_turn_stays_within_its_opcode_budget(tmp_path):
     assert median <= TURN_BUDGET, (
         f"a skimmed turn runs {median} of graddoctor's opcodes (budget {TURN_BUDGET}); by file: "
         f"{by_file}")
+
+
+def test_a_long_steady_state_samples_one_turn_in_64(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(turn_opcodes.SCRIPT, encoding="utf-8")
+    median, mean, _ = turn_opcodes.measure(ROOT, str(script), at=5000, turns=256)
+    assert median <= TURN_BUDGET
+    assert mean <= LONG_TURN_BUDGET, (
+        f"the average turn past a steady state's 4,096th runs {mean:.0f} of graddoctor's opcodes "
+        f"(budget {LONG_TURN_BUDGET}): its samples no longer thin out to one turn in 64?")
