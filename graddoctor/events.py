@@ -772,7 +772,9 @@ loader_rows        loader, base (the number of the dataset its samples come from
                    instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
-                   rows of one batch in another order, the target in the loader's), fn (the loss
+                   rows of one batch in another order, the target in the loader's |
+                   "labels-permuted": the inputs in the loader's order, the target one of the
+                   batch's tensors with its rows in another order), fn (the loss
                    node's function), loader, input_batch ([epoch, index] of the inputs' batch),
                    target_loader, target_batch ([epoch, index] of the target's), field (the
                    target's place in its batch: "[1]", "['label']"), rows, model_line (set when

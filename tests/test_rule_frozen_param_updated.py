@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import linecache
+
 import pytest
 import torch
 from torch import nn
@@ -284,3 +286,52 @@ def test_a_failure_reading_the_optimizer_loses_only_the_frozen_entries(monkeypat
     assert [e["where"] for e in rec.trace.events if e.kind == "internal_error"] == \
         ["optimizer step (frozen parameters)"]
     assert torch.equal(q.data, torch.full((2,), 0.9))  # the user's step ran as usual
+
+
+# -- gradients zeroed by hand in a group with weight decay ---------------------------------------
+def _zeroing_run(decay, zero, steps=4):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=decay)
+        x = torch.randn(5, 3)
+        for i in range(steps):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            zero(model, i)
+            opt.step()
+    return list(FrozenParamUpdated().check(Analysis(rec.trace)))
+
+
+def _first_layer(model, i):
+    for p in model[0].parameters():
+        p.grad.zero_()
+
+
+def test_gradients_zeroed_by_hand_under_weight_decay_are_reported_at_the_zeroing():
+    (f,) = _zeroing_run(0.01, _first_layer)
+    assert f.severity is Severity.WARNING and f.evidence["zeroed_by_hand"]
+    assert len(f.evidence["params"]) == 2 and f.evidence["params"][0].endswith("0.weight")
+    # the zeroing is in another function: the source between backward and step shows no write
+    # of a .grad, so the finding is at the step (the fixtures hold the zeroing line itself)
+    assert linecache.getline(__file__, f.location.line).strip() == "opt.step()"
+    assert "weight_decay=0.01" in f.message and "requires_grad_(False)" in f.fix
+
+
+def test_gradients_zeroed_without_decay_for_part_or_at_some_steps_are_silent():
+    def row(model, i):
+        model[0].weight.grad[0].zero_()
+
+    def warm_up(model, i):
+        if i < 2:
+            _first_layer(model, i)
+
+    def everything(model, i):
+        for p in model.parameters():
+            p.grad.zero_()
+
+    assert _zeroing_run(0.0, _first_layer) == []
+    assert _zeroing_run(0.01, row) == []
+    assert _zeroing_run(0.01, warm_up) == []
+    assert _zeroing_run(0.01, everything) == []  # nothing trains: grads-cleared-before-step's

@@ -213,3 +213,64 @@ def test_a_collate_function_building_fields_in_two_orders_is_read_from_its_sourc
     assert collate_fields_apart(ast.parse(same)) == []
     assert collate_fields_apart(ast.parse(src.replace("lengths, labels\n", "lengths, labels, order\n"))) == []
     assert collate_fields_apart(ast.parse(src.replace("lengths, labels\n", "lengths\n"))) == []
+
+
+def test_labels_permuted_beside_inputs_in_the_loader_order():
+    def labels_shuffled(loader, model):
+        for x, y in itertools.islice(loader, 3):
+            ce(model, x, y[torch.randperm(len(y))])
+
+    def labels_sorted(loader, model):
+        for x, y in itertools.islice(loader, 3):
+            ce(model, x, y.sort().values)
+
+    for loop in (labels_shuffled, labels_sorted):
+        assert pairing(loop, classes=3, shuffle=False) == [("labels-permuted", [0, 0], [0, 0], "[1]")]
+
+
+def test_silent_on_targets_that_keep_the_pairs_or_cannot_be_told_from_a_relabelling():
+    def binary(loader, model):  # 0/1 labels in another order read like 1 - y
+        for x, y in itertools.islice(loader, 3):
+            ce(model, x, y[torch.randperm(len(y))])
+
+    def together(loader, model):  # the outputs reordered with the labels
+        for x, y in itertools.islice(loader, 3):
+            order = y.argsort()
+            torch.nn.functional.cross_entropy(model(x)[order], y[order]).backward()
+
+    def mixup(loader, model):  # y[perm] beside y
+        for x, y in itertools.islice(loader, 3):
+            perm = torch.randperm(len(x))
+            out = model(0.6 * x + 0.4 * x[perm])
+            (torch.nn.functional.cross_entropy(out, y) + torch.nn.functional.cross_entropy(out, y[perm])).backward()
+
+    def remapped(loader, model):  # other values, not another order
+        for x, y in itertools.islice(loader, 3):
+            ce(model, x, (y + 1) % 3)
+
+    assert pairing(binary) == []
+    for loop in (together, mixup, remapped):
+        assert pairing(loop, classes=3) == [], loop.__name__
+
+
+def test_labels_permuted_is_reported_at_the_statement_that_reordered_them(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("for x, y in loader:\n"
+                      "    out = model(x)\n"
+                      "    target = y[y.argsort()]\n"
+                      "    loss = F.cross_entropy(out, target)\n")
+    t = builder()
+    t.path = str(script)
+    t.put(ev.batch_pairing(problem="labels-permuted", fn="cross_entropy", loader=0, input_batch=[0, 0],
+                           target_loader=0, target_batch=[0, 0], field="[1]", rows=16), 2)
+    f = only(t, SLUG)
+    assert f.location.line == 3 and "model's call at line 2" in f.message
+    assert f.evidence["permuted"] == "labels" and f.severity is Severity.WARNING
+    script.write_text("for x, y in loader:\n"
+                      "    out = model(x)\n"
+                      "    loss = criterion(out, y[torch.randperm(16)])\n")
+    assert only(t, SLUG).location.line == 3
+    script.write_text("for x, y in loader:\n"
+                      "    out = model(x)\n"
+                      "    print(out)\n")
+    assert only(t, SLUG).location.line == 2  # no loss call found: the model's call

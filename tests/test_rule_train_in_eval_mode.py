@@ -137,3 +137,29 @@ def test_a_frozen_eval_stays_silent_while_its_batchnorm_does_not_train(state):
     t = new()
     validation_then_training(t, frozen=True, layer="batchnorm", **state)
     assert check(TrainInEvalMode, t) == []
+
+
+def _eval_forward_then_train(rerun: bool):
+    """eval() (line 3), a grad-enabled forward (4), train() (5), optionally the same layers run
+    again in training mode (6), then the backward and step (7, 8)."""
+    t = new()
+    dropout(t, 0)
+    for _ in range(2):
+        mode_set(t, False, [0], line=3)
+        fwd(t, [0], line=4, training=False)
+        mode_set(t, True, [0], line=5)
+        if rerun:
+            fwd(t, [0], line=6)
+        update(t, line=7)
+    end(t, "step-limit")
+    return check(TrainInEvalMode, t)
+
+
+def test_an_eval_undone_after_the_training_forward_is_reported_without_an_edit():
+    (finding,) = _eval_forward_then_train(rerun=False)
+    assert finding.location.line == 3 and "undone only after the training forward" in finding.message
+    assert finding.evidence["reading"] == "undone-late" and "before the training forward" in finding.fix
+
+
+def test_a_pass_in_eval_mode_followed_by_a_training_forward_is_left_alone():
+    assert _eval_forward_then_train(rerun=True) == []  # an attack's input gradient, then training

@@ -19,6 +19,7 @@ Pure Python over the ``Analysis``; no torch.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,19 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
     reset_since_step: set[int] = set()
     prev_boundary: Event | None = None
     pending: list[tuple[int, Event, Event | None]] = []  # forwards whose window is still open
+    # the training-mode forwards, in order: whether layers ran again in training mode
+    trained = [(e.seq, e.get("modules", ())) for e in a.by_kind.get("mode_forward", ())
+               if e.get("training")]
+    trained_seqs = [seq for seq, _ in trained]
+
+    def rerun(start: int, end: int, mids) -> bool:
+        mids = set(mids)
+        i = bisect.bisect_right(trained_seqs, start)
+        while i < len(trained) and trained[i][0] < end:
+            if mids & set(trained[i][1]):
+                return True
+            i += 1
+        return False
 
     def resolve() -> None:
         for i, e, before in pending:
@@ -121,7 +135,8 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
             recal |= {m for m in mids if (states.get(m) or {}).get("layer") == "batchnorm"
                       and states.get(m, {}).get("momentum") is None}
             context, step = _context(e, before, nxt[i], nxt_step[i], nxt_train[i],
-                                     teacher=bool(mids) and all(m in by_hand for m in mids))
+                                     teacher=bool(mids) and all(m in by_hand for m in mids),
+                                     rerun=rerun)
             tl.forwards.append(ModeForward(
                 e, {m: states.get(m, {}) for m in mids}, {m: set_by.get(m) for m in mids}, recal,
                 context, step, a.step_number.get(step.seq) if step is not None else None,
@@ -181,7 +196,7 @@ def _alternating_optimizers(events: list[Event]) -> bool:
 
 
 def _context(e: Event, before: Event | None, after: Event | None, step: Event | None,
-             train: Event | None = None, teacher: bool = False):
+             train: Event | None = None, teacher: bool = False, rerun=lambda start, end, mids: True):
     grad = bool(e.get("grad")) and not e.get("inference")
     if e.get("nested"):
         # no-grad forwards inside a grad-enabled outermost call (MoCo's key encoder making the
@@ -199,10 +214,12 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
     if not grad and train is not None and (after is None or train.seq < after.seq):
         return "outside", None  # model.train() comes next: that no-grad pass was not training
     if grad and train is not None and after is not None and after.kind == "backward" \
-            and train.seq < after.seq and set(e.get("modules", ())) <= set(train.get("modules", ())):
-        # model.train() switches these layers back before the next backward: a grad-enabled pass
-        # in eval mode that feeds an input gradient (a PGD attack under model.eval(), through
-        # torch.autograd.grad), not the update's training forward
+            and train.seq < after.seq and set(e.get("modules", ())) <= set(train.get("modules", ())) \
+            and rerun(train.seq, after.seq, e.get("modules", ())):
+        # model.train() switches these layers back and they run again in training mode before
+        # the next backward: a grad-enabled pass in eval mode that feeds an input gradient (a
+        # PGD attack under model.eval(), through torch.autograd.grad), not the update's
+        # training forward. Without that second forward the backward reads this one.
         return "outside", None
     if after is not None and after.kind == "backward":
         return "training", step

@@ -341,3 +341,52 @@ def collate_fields_apart(tree: ast.AST) -> list[tuple[int, str, str, str, list[s
                 for field in kept:
                     found.append((fields[field][1], field, examples, order, ordered))
     return sorted(set((a, b, c, d, tuple(e)) for a, b, c, d, e in found))
+
+
+# calls that reorder a tensor's rows (or hand back the indices that do)
+_REORDERING = ("sort", "argsort", "randperm", "permutation", "flip", "roll", "index_select",
+               "gather", "shuffle")
+
+
+def _plain_index(index: ast.AST) -> bool:
+    """A constant, a slice or a tuple of them (``out[:, -1]``): no index tensor."""
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    return all(isinstance(p, (ast.Constant, ast.Slice)) or isinstance(p, ast.UnaryOp)
+               and isinstance(p.operand, ast.Constant) for p in parts)
+
+
+def _reorders(expr: ast.AST) -> bool:
+    return any(isinstance(n, ast.Subscript) and not _plain_index(n.slice)
+               or isinstance(n, ast.Call) and _last(n.func) in _REORDERING
+               for n in ast.walk(expr))
+
+
+def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | None,
+                        fn: str) -> int | None:
+    """The line of the statement that put a loss's target in another order: the loss call at
+    ``loss_line`` (or, with none, the first call of ``fn`` or of a loss-named function within a
+    dozen lines after the model's call at ``model_line``) when an argument reorders inline
+    (``y[perm]``), else the last assignment before it of an argument's name whose value
+    reorders (``target = y[y.argsort()]``); None when neither is found."""
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    if loss_line is not None:
+        call = next((c for c in calls if c.lineno == loss_line), None)
+    elif model_line is not None:
+        call = next((c for c in calls if model_line < c.lineno <= model_line + 12
+                     and (_last(c.func) == fn or _is_loss_call(c))), None)
+    else:
+        return None
+    if call is None:
+        return None
+    args = [*call.args, *(k.value for k in call.keywords)]
+    if any(_reorders(arg) for arg in args if not isinstance(arg, ast.Name)):
+        return call.lineno
+    names = {arg.id for arg in args if isinstance(arg, ast.Name)}
+    low = (model_line or call.lineno) - 12
+    made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < call.lineno
+            and names & {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}]
+    last = max(made, key=lambda n: n.lineno, default=None)
+    if last is not None and _reorders(last.value):
+        return last.lineno
+    return call.lineno

@@ -42,6 +42,11 @@ The verdicts (``batch_pairing`` aside event at the model's call, once per kind):
 * "permuted": the model's inputs are all the rows of one batch in another order, the target is
   one of that batch's tensors in the loader's order, and nothing between the model's output and
   the loss reorders rows (an index or gather: a batch sorted by length and put back).
+* "labels-permuted": the reverse. The model's inputs are the rows of one batch in the loader's
+  order (every input found is), and the target is one of that batch's tensors with its rows in
+  another order: the same rows, compared as a multiset of row prints, of at least three distinct
+  values (a 0/1 label vector in another order cannot be told from ``1 - y`` or a balanced
+  relabelling), and nothing between the model's output and the loss reorders rows.
 
 A model input that is no batch's rows is also tried as a *mixup* of a batch's rows: the row
 prints are linear in the row's values, so ``lam * x + (1 - lam) * x[perm]`` shows as each
@@ -110,6 +115,7 @@ _LAYOUT = 64  # nodes between a select and a packed output walked at most (pad_p
 _CALLS = 8  # model calls whose inputs were found, kept per turn at most (their outputs' graphs)
 _SEEN = 64  # data tensors looked up per turn at most
 _MIX_ROWS = 512  # batches of at most this many rows are looked at for a mixup of their rows
+_KINDS = 5  # verdicts told at most once each: permuted, labels-permuted, other-batch, mixup, last-step
 
 # loss nodes that save their target (``_saved_target``), and the function named for each
 _TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
@@ -159,6 +165,15 @@ def _whole_print(t: torch.Tensor) -> tuple | None:
     return (int(f.numel()),) + _fp(torch.stack([(f * w).sum(), f.sum()]))
 
 
+def _multiset_print(t: torch.Tensor) -> tuple | None:
+    """(rows, hash of the sorted row prints): the same for a tensor and its rows in any order;
+    None for a tensor of fewer than three distinct rows (its order is not told from a relabelling)."""
+    keys = _row_prints(t)
+    if keys is None or len(set(keys)) < 3:
+        return None
+    return (len(keys), hash(tuple(sorted(keys))))
+
+
 def _tensors(batch, prefix: str = "", depth: int = 0) -> list:
     """``[(name, tensor)]`` of a batch: a tensor, or those in a tuple, list or mapping (nested
     at most twice)."""
@@ -203,6 +218,7 @@ class BatchPairWatcher:
         self._batches: list[_Batch] = []
         self._rows: dict[tuple, list] = {}  # row print -> [(batch, field, row)]
         self._wholes: dict[tuple, list] = {}  # whole print -> [(batch, field)]
+        self._multisets: dict[tuple, list] = {}  # multiset print -> [(batch, field)]
         self._seen_ids: dict[int, object] = {}  # tensors looked up this turn (id -> tensor)
         # this turn's model calls whose inputs were found: (batch, order: "same" | "permuted",
         # output tensor, Location)
@@ -225,7 +241,7 @@ class BatchPairWatcher:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
-        self._batches, self._rows, self._wholes = [], {}, {}
+        self._batches, self._rows, self._wholes, self._multisets = [], {}, {}, {}
         self._seen_ids, self._inputs, self._loss_calls = {}, [], []
         self._recurrent, self._packed, self._filled = [], [], {}
 
@@ -252,6 +268,10 @@ class BatchPairWatcher:
                     if whole is not None:
                         entry.wholes.add(whole)
                         self._wholes.setdefault(whole, []).append((entry, name))
+                        if t.dim() == 1 or t.dim() == 2 and int(t.shape[1]) <= _COLUMNS:
+                            rows_any_order = _multiset_print(t)
+                            if rows_any_order is not None:
+                                self._multisets.setdefault(rows_any_order, []).append((entry, name))
                     if t.dim() >= 2 or t.is_floating_point():
                         keys = _row_prints(t)
                         if keys is not None and len(set(keys)) == rows:  # rows told apart
@@ -444,7 +464,7 @@ class BatchPairWatcher:
             if inputs and self._wholes:
                 for root in _roots(tensors):
                     self._judge(root, inputs, loss_calls)
-            if self.loss_window.closed or len(self._told) >= 4:
+            if self.loss_window.closed or len(self._told) >= _KINDS:
                 self._stop()
         except Exception as exc:
             self._fail()
@@ -460,7 +480,7 @@ class BatchPairWatcher:
             self._unmixed(mixed[0], targets)
         if not inputs:
             return
-        prints = []
+        prints, target_of = [], {}
         for fn, target in targets:
             if target.device.type != "cpu" or target.requires_grad:
                 continue
@@ -468,6 +488,7 @@ class BatchPairWatcher:
                 whole = _whole_print(target)
             if whole is not None:
                 prints.append((fn, whole, _storage(target)))
+                target_of[_storage(target)] = target
         for fn, whole, storage in prints:
             ours = [(entry, order, loc) for entry, order, *_, loc in inputs]
             if any(whole in entry.wholes for entry, _, _ in ours):
@@ -483,6 +504,10 @@ class BatchPairWatcher:
                     field = next(n for b, n in self._wholes[whole] if b is entry)
                     self._tell("permuted", fn, entry, entry, field, loc)
                 continue
+            if (not reordered and "labels-permuted" not in self._told and ours
+                    and all(order == "same" for _, order, _ in ours)):
+                if self._labels_permuted(fn, target_of[storage], ours, prints, loss_calls, storage):
+                    continue
             earlier = [(b, n) for b, n in self._wholes.get(whole, ())
                        if all(_apart(b, e) for e, _, _ in ours)]
             if earlier and "other-batch" not in self._told:
@@ -491,6 +516,28 @@ class BatchPairWatcher:
                 at = next((at for storages, at in loss_calls if storage in storages), None)
                 self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], at or loc,
                            model_line=loc.line if at is not None and loc is not None else None)
+
+    def _labels_permuted(self, fn, target, ours, prints, loss_calls, storage) -> bool:
+        """Tell "labels-permuted" when ``target`` holds the rows of a field of the batch the
+        model's inputs came from (in the loader's order) in another order, and no other target
+        of the loss is that field as served (mixup's ``y`` beside ``y[perm]``)."""
+        if target.dim() not in (1, 2) or target.dim() == 2 and int(target.shape[1]) > _COLUMNS:
+            return False
+        with torch.no_grad():
+            rows_any_order = _multiset_print(target)
+        inputs = {id(entry): (entry, loc) for entry, _, loc in ours}
+        found = next(((b, n) for b, n in self._multisets.get(rows_any_order, ())
+                      if id(b) in inputs), None) if rows_any_order is not None else None
+        if found is None:
+            return False
+        entry, field = found
+        if any(w in entry.wholes for _, w, _ in prints):
+            return False  # the labels as served reach the loss too
+        loc = inputs[id(entry)][1]
+        at = next((at for storages, at in loss_calls if storage in storages), None)
+        self._tell("labels-permuted", fn, entry, entry, field, at or loc,
+                   model_line=loc.line if at is not None and loc is not None else None)
+        return True
 
     def _unmixed(self, mixed, targets) -> None:
         """A ``mixup_unmixed`` aside when the model's inputs are a mixup of a batch's rows and
@@ -596,7 +643,7 @@ class BatchPairWatcher:
         """A later phase (an optimizer given parameters after the window closed): its first
         batches are fingerprinted and its first turns judged too, unless torch.compile ran (it
         warns about global module hooks) or every kind was told."""
-        if self.active or self._ended or self._patcher is None or len(self._told) >= 4:
+        if self.active or self._ended or self._patcher is None or len(self._told) >= _KINDS:
             return
         try:
             self._served = 0

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import ast
 import bisect
 
+from ..analysis.basics import written
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule, one_or_many, related
 
 # What moves a frozen parameter whose gradient is zero (the step_begin event's ``moved_by``),
@@ -24,6 +27,11 @@ class FrozenParamUpdated(Rule):
     stay in an optimizer with a `.grad` that is not `None` — `zero_grad(set_to_none=False)`
     leaves a zero tensor there — so the optimizer still updates them, and its momentum, Adam's
     running averages or weight decay keep moving the "frozen" weights.
+
+    It also finds parameters kept out of training by zeroing their gradient by hand before
+    every step (`p.grad.zero_()`, `p.grad = p.grad * 0`) in a param group with weight decay:
+    the zero gradient is applied like any other, and the decay moves them. It points at the
+    statement that zeroes the gradients.
 
     ## Why is this bad?
     PyTorch's optimizers skip a parameter only when its `.grad` is `None`; `requires_grad` is
@@ -63,7 +71,9 @@ class FrozenParamUpdated(Rule):
     hand, or by `zero_grad()` with set_to_none) so the optimizer skips it; plain SGD without
     momentum or weight decay over zero-filled gradients; a param group removed from the
     optimizer at the freeze; a GAN's discriminator frozen only for the generator's step;
-    gradual unfreezing; Lightning's `freeze()` and `toggle_optimizer`.
+    gradual unfreezing; Lightning's `freeze()` and `toggle_optimizer`; gradients zeroed by
+    hand in a group without weight decay, at some steps only, or for part of a tensor; every
+    gradient of an optimizer zeroed (`grads-cleared-before-step`).
     """
 
     code = "GD109"
@@ -75,6 +85,7 @@ class FrozenParamUpdated(Rule):
            "optimizer only the parameters that still train")
 
     def check(self, a):
+        yield from self._zeroed_by_hand(a)
         begins = [e for e in a.of_kind("step_begin") if e.get("frozen")]
         if not begins:
             return
@@ -154,6 +165,105 @@ class FrozenParamUpdated(Rule):
             evidence={"optimizer": opt, "params": a.param_names(pids, limit=8),
                       "moved_by": sorted(movers), "zero_grad_set_to_none_false": clear is not None},
         )
+
+
+    def _zeroed_by_hand(self, a):
+        """Parameters that train (requires_grad) whose gradient the script zeroes by hand
+        between the backward and every step (``p.grad.zero_()``, ``p.grad = p.grad * 0``), in a
+        group with weight decay: the "freeze" leaves them in the update, and the decay moves them."""
+        windows = a.ledger.windows
+        for opt, steps in a.applied_steps.items():
+            decays = _group_decays(a, opt)
+            if not decays or a.count(steps) < _ZEROED_STEPS:
+                continue
+            zeroed, first = None, None
+            for step in steps:
+                window = windows.get(step.seq)
+                if not window:
+                    zeroed = None
+                    break
+                norms, edited = a.measured_at(step, window[-1].seq)
+                if norms is None:
+                    continue
+                written_now = {p for b in window for p in written(b)}
+                hit = {p for p in edited if norms.get(p) == 0.0 and p in written_now
+                       and decays.get(p, 0) > 0}
+                zeroed = hit if zeroed is None else zeroed & hit
+                if not zeroed:
+                    break
+                first = first or (step, window[-1])
+            if not zeroed or first is None:
+                continue
+            owned = a.opt_params.get(opt, ())
+            if len(zeroed) == len([p for p in owned if decays.get(p, 0) > 0]) == len(owned):
+                continue  # every gradient cleared: grads-cleared-before-step's (nothing trains)
+            step, backward = first
+            loc = step.loc
+            if backward.loc is not None and loc is not None and backward.loc.path == loc.path:
+                line = _grad_write_line(a, loc.path, backward.loc.line + 1, loc.line - 1)
+                if line is not None:
+                    loc = Location(loc.path, line)
+            pids = sorted(zeroed)
+            count = len(pids)
+            it, its, is_, they, stay = (one_or_many(count, *words) for words in
+                                        (("it", "them"), ("its", "their"), ("is", "are"),
+                                         ("it", "they"), ("stays", "stay")))
+            optimizer = a.optimizer_name(opt)
+            decay = max(decays[p] for p in pids)
+            yield self.finding(
+                f"{a.names(pids)} {is_} kept out of training by zeroing {its} gradient here before "
+                f"every step, but {they} {stay} in {optimizer} with "
+                f"weight_decay={decay:g}: a zero gradient is still a gradient, so the weight decay "
+                f"shrinks {it} at every step and the \"frozen\" values drift toward zero",
+                loc, severity=Severity.WARNING, step=a.step_number.get(step.seq),
+                related=(related(step, "the step that applies the weight decay"),)
+                if step.loc != loc else (),
+                evidence={"optimizer": opt, "params": a.param_names(pids, limit=8),
+                          "moved_by": ["weight_decay"], "zeroed_by_hand": True,
+                          "weight_decay": decay},
+                fix=(f"freeze {it} instead: requires_grad_(False) and set {its} .grad to None "
+                     f"(zero_grad() does), or put {it} in a param group with weight_decay=0"))
+
+
+_ZEROED_STEPS = 3  # steps whose gradients were all zeroed by hand before a finding
+
+
+def _group_decays(a, opt) -> dict:
+    """pid -> the weight decay of the param group that holds it (torch's optimizers apply it to
+    a zero gradient too); {} when the optimizer's settings were not recorded."""
+    out = {}
+    for e in a.of_kind("optimizer_init"):
+        if e.get("opt") != opt:
+            continue
+        hypers = e.get("hyper") or ()
+        if len(hypers) != 1:
+            return {}
+        decay = (hypers[0] or {}).get("weight_decay") or 0
+        for pid in e.get("params") or ():
+            out[pid] = decay
+    return out
+
+
+def _grad_write_line(a, path: str, first: int, last: int) -> int | None:
+    """The first statement on lines ``first``..``last`` that writes a ``.grad`` (assigns it,
+    or zeroes, fills or scales it in place)."""
+    tree = a.source.tree(path)
+    if tree is None or first > last:
+        return None
+    lines = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.stmt) and first <= node.lineno <= last):
+            continue
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "grad" for t in targets):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) \
+                and node.value.func.attr in ("zero_", "fill_", "mul_") \
+                and "grad" in ast.unparse(node.value.func.value).split("."):
+            lines.append(node.lineno)
+    return min(lines, default=None)
 
 
 def _last_before(seqs_events, seq: int):

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis.reorder import collate_fields_apart, fields_reordered_apart, reordered_beside_kept
+from ..analysis.reorder import (collate_fields_apart, fields_reordered_apart, reordered_beside_kept,
+                                target_reordered_at)
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
@@ -16,6 +17,11 @@ class InputsPermutedWithoutLabels(Rule):
     Checked by value on the first turns (CPU tensors): the model's inputs are all the rows of one
     batch, permuted, and the target is one of that batch's tensors unpermuted, with nothing
     between the model's output and the loss that reorders rows. It points at the model's call.
+    The reverse is the same bug: the model given the batch's rows in the loader's order and the
+    loss's target one of the batch's tensors with its rows in another order (`y[perm]`, `y.sort()`),
+    told by its rows as a multiset, at least three distinct values (0/1 labels in another order are
+    not told from `1 - y`); it points at the loss module's call given that target where there is
+    one, else at the model's call.
     For a batch no DataLoader serves (made by the script's own function), the script's source
     is read instead, in the files whose backwards ran: in a loop that calls `backward`, fields
     unpacked together (`feats, lengths, y = make_batch()`), some rebound in the order of a
@@ -70,6 +76,9 @@ class InputsPermutedWithoutLabels(Rule):
 
     def check(self, a):
         for e in a.of_kind("batch_pairing"):
+            if e["problem"] == "labels-permuted":
+                yield self._labels_permuted(a, e)
+                continue
             if e["problem"] != "permuted":
                 continue
             epoch, index = e["input_batch"]
@@ -83,9 +92,31 @@ class InputsPermutedWithoutLabels(Rule):
                           "target_field": e["field"], "rows": e["rows"]})
         yield from self._from_source(a)
 
+    def _labels_permuted(self, a, e):
+        epoch, index = e["input_batch"]
+        loc, model_line = e.loc, e.get("model_line")
+        tree = a.source.tree(loc.path) if loc is not None else None
+        if tree is not None:  # the statement that reordered the target, where the source shows it
+            line = target_reordered_at(tree, loc.line if model_line else None,
+                                       model_line or loc.line, e["fn"])
+            if line is not None and line != loc.line:
+                model_line = model_line or loc.line
+                loc = Location(loc.path, line)
+        model = f" (the model's call at line {model_line})" if model_line else ""
+        return self.finding(
+            f"the {e['fn']} loss's target is the batch's {e['field']} with its rows put in "
+            f"another order here, while the model{model} is given the {e['rows']} rows of batch {index} "
+            f"of epoch {epoch} in the loader's order: each output is scored against another "
+            f"sample's label, so the model trains on random labels",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"loss": e["fn"], "batch": [e["loader"], epoch, index],
+                      "target_field": e["field"], "rows": e["rows"], "permuted": "labels"},
+            fix=("give the loss the labels in the loader's order, or apply one permutation to "
+                 "inputs and labels together (perm = torch.randperm(len(x)); x, y = x[perm], y[perm])"))
+
     def _from_source(self, a):
         told = {e.loc.path for e in a.of_kind("batch_pairing")
-                if e["problem"] == "permuted" and e.loc is not None}
+                if e["problem"] in ("permuted", "labels-permuted") and e.loc is not None}
         backwards = a.by_kind.get("backward", ())
         paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
         for path in paths[:4]:

@@ -19,7 +19,9 @@ class TrainInEvalMode(Rule):
     An `eval()` that came with a freeze of everything under it (`model.requires_grad_(False);
     model.eval()`, Lightning's `self.freeze()`) is a frozen part kept in eval mode, until a
     part of it is unfrozen (`head.requires_grad_(True)`) and stepped: its BatchNorm layers then
-    train in eval mode, and the finding says so. Dropout written as a function of the module's
+    train in eval mode, and the finding says so. An `eval()` that a `train()` undoes only after the
+    training forward (`model.eval(); out = model(x); model.train(); loss.backward()`) leaves that
+    forward, the one the backward differentiates, in eval mode: reported too, with no edit. Dropout written as a function of the module's
     mode, `F.dropout(x, p, training=self.training)` (the PyTorch Geometric idiom), counts as a
     dropout layer of the module whose code runs it.
 
@@ -94,6 +96,10 @@ class TrainInEvalMode(Rule):
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: whether this part is meant to be frozen (requires_grad_(False)) "
                 "or to train (no eval()) is a person's call"))
+        if finding.evidence.get("reading") == "undone-late":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: the train() is there, after the forward; whether to move it "
+                "before the forward or drop the eval() depends on what the eval() was for"))
         if finding.evidence.get("reading") == "unfrozen":
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: model.train() at the top of the loop would also undo the "
@@ -178,6 +184,17 @@ class TrainInEvalMode(Rule):
                        f"{one_or_many(len(mids), 'it', 'them')} (optimizer step {f.step_index} "
                        f"follows): training continues, but {effect}")
             fix = None
+            late = next((e for e in a.span(f.event.seq + 1, f.step.seq - 1) if e.kind == "train"
+                         and e.get("mode", True) and set(mids) <= set(e.get("modules", ()))), None)
+            if late is not None:  # undone, but after the forward the update's backward reads
+                message = (f"this eval() is undone only after the training forward{at}: the "
+                           f"train() at line {late.loc.line if late.loc else '?'} comes before the "
+                           f"backward but after the forward it differentiates, which ran {kinds} "
+                           f"in eval mode ({tl.names(mids)}; optimizer step {f.step_index} "
+                           f"follows), so {effect}")
+                fix = ("call train() before the training forward (or drop this eval() if no "
+                       "evaluation needs it)")
+            undone_late = late is not None
             covered = set(cause.get("modules", ()))
             part = _part_receiver(a, cause)
             if (covered and covered < ran.get((f.event.loc, f.step.seq), set())) or part:
@@ -232,7 +249,8 @@ class TrainInEvalMode(Rule):
                 ),
                 step=f.step_index,
                 evidence={"layers": [tl.name(m) for m in mids], "kinds": layers,
-                          **({"reading": evidence_reading} if evidence_reading else {})},
+                          **({"reading": evidence_reading} if evidence_reading else
+                             {"reading": "undone-late"} if undone_late else {})},
             )
 
 
