@@ -20,7 +20,10 @@ class AdvantageNotDetached(Rule):
     loss also trains the critic, with a gradient of `-log_prob(a)` per sample: the value head is
     pushed up wherever the sampled action was unlikely, which has nothing to do with predicting
     the return. The critic's estimates drift and the advantages built from them get worse; it
-    trains, just badly.
+    trains, just badly. The same holds for the score-function estimators of variational
+    inference (REINFORCE, NVIL, VIMCO): the learning signal `log p(x, z) - log q(z | x) - b`
+    weights the score `log q(z | x)` as a constant; left attached, the encoder's term also
+    trains the decoder, the prior and the baseline.
 
     ## Example
     ```python
@@ -36,15 +39,10 @@ class AdvantageNotDetached(Rule):
     critic_loss = advantage.pow(2).mean()
     ```
 
-    The same holds for the score-function estimators of variational inference (REINFORCE,
-    NVIL, VIMCO): the learning signal `log p(x, z) - log q(z | x) - baseline` weights the score
-    `log q(z | x)` as a constant; left attached, the encoder's term also trains the decoder, the
-    prior and the baseline.
-
     ## Stays silent on
     A detached advantage (`.detach()`, `.item()`, computed under `no_grad`, from a buffer);
     an entropy written as `probs * log_probs` (both factors reach the same parameters), an
-analytic KL `q.probs * (log q - log p)` (an exp of a log-probability is no score); PPO's
+    analytic KL `q.probs * (log q - log p)` (an exp of a log-probability is no score); PPO's
     ratio times a stored advantage; a weight whose gradient no optimizer applies (a temperature
     cleared before its own backward); log-probabilities not made by `torch.distributions`.
     """
