@@ -7,7 +7,8 @@ import ast
 
 from graddoctor.rules.ramp_counter_unit_mismatch import mismatched_ramps
 
-NEST = "step = 0\nfor epoch in range(E):\n    for x in loader:\n        step += 1\n"
+NEST = ("step = 0\nfor epoch in range(E):\n    for x in loader:\n        step += 1\n"
+        "        loss.backward()\n")
 
 
 def _found(src):
@@ -17,15 +18,16 @@ def _found(src):
 
 def test_an_epoch_counter_over_a_length_in_steps():
     src = NEST + "        beta = min(1.0, epoch / warmup_steps)\n"
-    assert _found(src) == [(5, "epoch", "epoch", "warmup_steps")]
+    assert _found(src) == [(6, "epoch", "epoch", "warmup_steps")]
     src = NEST + "        beta = min(1.0, (epoch + 1) / cfg.kl_warmup_iters)\n"
-    assert _found(src) == [(5, "epoch", "epoch", "cfg.kl_warmup_iters")]
+    assert _found(src) == [(6, "epoch", "epoch", "cfg.kl_warmup_iters")]
 
 
 def test_a_step_counter_over_a_length_in_epochs():
     src = ("def train():\n    it = 0\n    for ep in range(E):\n"
            "        for i, (x, y) in enumerate(loader):\n            it += 1\n"
-           "            tau = max(0.5, 1 - it / args.anneal_epochs)\n")
+           "            tau = max(0.5, 1 - it / args.anneal_epochs)\n"
+           "            loss.backward()\n")
     assert _found(src) == [(6, "it", "step", "args.anneal_epochs")]
 
 
@@ -38,3 +40,6 @@ def test_same_units_rates_unnamed_lengths_and_rollout_loops_are_silent():
         assert _found(NEST + tail) == [], tail
     assert _found("for it in range(N):\n    for t in range(T):\n        pass\n"
                   "    beta = it / warmup_steps\n") == []
+    assert _found("for it in range(N):\n    lr = 0.1 * (1 - it / MAX_ITER)\n"
+                  "    for group in opt.param_groups:\n        group['lr'] = lr\n"
+                  "    loss.backward()\n") == []

@@ -47,12 +47,15 @@ def _counter(node: ast.AST) -> str | None:
 
 def _over_data(loop: ast.AST) -> bool:
     """A ``for`` loop over batches: its iterable is no ``range(...)`` (a loader, a dataset,
-    ``enumerate(loader)``, ``zip(...)`` of them)."""
+    ``enumerate(loader)``) and its body calls ``backward()`` (a loop over parameter groups or
+    an episode's steps is none)."""
     if not isinstance(loop, ast.For):
         return False
     it = loop.iter
-    return not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
-                and it.func.id == "range")
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "backward" for stmt in loop.body for n in ast.walk(stmt))
 
 
 def _counters(scope: ast.AST) -> dict[str, str]:
@@ -116,8 +119,9 @@ class RampCounterUnitMismatch(Rule):
     (`beta = min(1.0, epoch / warmup_steps)`), or a counter incremented once per batch divided
     by a length in epochs (`tau = max(0.5, 1 - step / anneal_epochs)`). The counter's unit is
     read from the loops (the variable of a `for` loop holding a loop over batches, a loader
-    or a dataset, counts epochs; a name incremented by one inside that inner loop counts
-    steps), the length's from its name. Read from the source of the files a backward ran from.
+    or a dataset whose body calls `backward()`, counts epochs; a name incremented by one
+    inside that inner loop counts steps), the length's from its name. Read from the source of
+    the files a backward ran from.
 
     ## Why is this bad?
     A KL warm-up, a Gumbel-softmax temperature anneal, a hand-written lr warm-up or a
