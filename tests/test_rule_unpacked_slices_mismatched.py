@@ -103,3 +103,21 @@ def test_the_copied_call_is_a_warning_at_the_later_call(tmp_path):
     assert [f.location.line for f in found] == [2]
     assert found[0].severity is Severity.WARNING
     assert found[0].related[0].location.line == 1
+
+
+def test_one_of_a_pair_reordered_alone_is_found_and_its_fix_reorders_both():
+    src = ("xs, ys = draw(8, 16)\nperm = torch.randperm(16)\n"
+           "x_ctx, y_ctx = xs[:, perm], ys\n")
+    hits = [h for h in mismatched_unpackings(ast.parse(src)) if h["kind"] == "permuted"]
+    assert [(h["line"], h["names"], h["fixed"]) for h in hits] == [
+        (3, ("x_ctx", "y_ctx"), "ys[:, perm]")]
+
+
+def test_pairs_reordered_together_later_or_not_a_pair_are_silent():
+    head = "xs, ys = draw(8, 16)\nperm = torch.randperm(16)\n"
+    for tail in ("a, b = xs[:, perm], ys[:, perm]\n",
+                 "a, b = xs[:, perm], ys\nb = b[:, perm]\n",
+                 "a, b = xs[:, perm], other\n",
+                 "a, b = xs[:, 0:4], ys\n"):
+        assert [h for h in mismatched_unpackings(ast.parse(head + tail))
+                if h["kind"] == "permuted"] == [], tail

@@ -114,6 +114,9 @@ class ScriptSource:
     def policy_term_line(self, path: str, line: int) -> tuple[int, str] | None:
         return policy_term_line(self.full(path), line)
 
+    def score_weight_line(self, path: str, line: int) -> tuple[int, str] | None:
+        return score_weight_line(self.full(path), line)
+
     def degree_power_line(self, path: str) -> tuple[int, str] | None:
         return degree_power_line(self.full(path))
 
@@ -1305,6 +1308,58 @@ def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
             return None
         best = found[0]
     return best.lineno, ast.unparse(best).strip()
+
+
+def score_weight_line(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the assignment that makes the weight of a score-function term: in the
+    function of ``line`` (a backward), or else in the whole file, the last product above it of a
+    name assigned from a ``log_prob(...)`` call (``log_q = q.log_prob(z).sum(-1)``) and another
+    name (``signal``); that name's assignment the product reads, followed back through
+    assignments that rebind it from itself (``signal = (signal - mean) / std``) to the one that
+    made it. None when there is none."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for scope, limit in ((_enclosing_function(tree, line), line), (tree, None)):
+        found = _score_weight(scope, limit)
+        if found is not None:
+            return found[0].lineno, ast.unparse(found[0]).strip()
+    return None
+
+
+def _score_weight(scope: ast.AST, limit: int | None):
+    assigns: dict[str, list] = {}
+    for node in walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            assigns.setdefault(node.targets[0].id, []).append(node)
+    scores = {name for name, nodes in assigns.items() if any(
+        isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr == "log_prob" for n in nodes for sub in walk(n.value))}
+    best = None
+    for node in walk(scope):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.Return)) \
+                or (limit is not None and node.lineno > limit):
+            continue
+        for sub in walk(node):
+            if not (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult)):
+                continue
+            sides = (sub.left, sub.right)
+            if all(isinstance(side, ast.Name) for side in sides) \
+                    and sum(side.id in scores for side in sides) == 1:
+                weight = next(side.id for side in sides if side.id not in scores)
+                if best is None or node.lineno > best[0].lineno:
+                    best = (node, weight)
+    if best is None:
+        return None
+    product, weight = best
+    made = [n for n in assigns.get(weight, ()) if n.lineno < product.lineno]
+    made.sort(key=lambda n: n.lineno)
+    while made:
+        last = made.pop()
+        if not any(isinstance(n, ast.Name) and n.id == weight for n in walk(last.value)):
+            return last, weight
+    return None
 
 
 @_once_per_file

@@ -14,7 +14,10 @@ a few levels down and the other none; the parameters the other factor reaches an
 log-probability does not, among those an optimizer owns, make an ``advantage_grad`` aside
 event at the backward's line. A weight that reaches no such parameter is left alone: a
 detached advantage, an entropy's ``probs * log_prob`` (the same parameters), a temperature
-the optimizer does not own.
+the optimizer does not own. When both factors hold log-probabilities (variational inference's
+score function: ``(log p(x, z) - log q(z | x) - baseline) * log q(z | x)``), the score is the
+factor made of log-probabilities alone (sums, differences, views, constant factors) and the
+other is its weight; an ``exp`` of one (``q * (log q - log p)``) is no score.
 """
 
 from __future__ import annotations
@@ -35,6 +38,17 @@ _LINES = 16  # backward lines judged at most
 _NODES = 20000  # nodes walked from a loss, and from each factor
 _NEAR = 6  # levels below a factor searched for a log-probability (a negation, a sum, a stack)
 _NOTED = 4096  # log-probability nodes noted at most between two backwards
+_PURE_NODES = 64  # nodes walked to tell a score made of log-probabilities alone
+# ops a score keeps a log-probability's meaning through (sums over latents or steps, views)
+_PURE_OPS = frozenset({
+    "SumBackward0", "SumBackward1", "MeanBackward0", "MeanBackward1", "NegBackward0",
+    "AddBackward0", "SubBackward0", "MulBackward0", "MulBackward1", "DivBackward0",
+    "DivBackward1", "ViewBackward0",
+    "UnsafeViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0", "SqueezeBackward1",
+    "SqueezeBackward2", "UnsqueezeBackward0", "ExpandBackward0", "CloneBackward0",
+    "SelectBackward0", "SliceBackward0", "CatBackward0", "StackBackward0", "TBackward0",
+    "TransposeBackward0", "PermuteBackward0",
+})
 
 
 def _distributions() -> list[type]:
@@ -79,6 +93,26 @@ class AdvantageGradWatcher:
             level = following
         return False
 
+    def _pure(self, node) -> bool:
+        """Whether ``node`` is made of noted log-probabilities alone, through sums, means,
+        differences, negations, constant factors and views (a score ``log q(z).sum(-1)``);
+        an ``exp`` or a computed factor on the way makes it something else."""
+        stack, seen = [node], set()
+        while stack:
+            item = stack.pop()
+            if item in self._noted or item in seen:
+                continue
+            seen.add(item)
+            if len(seen) > _PURE_NODES or type(item).__name__ not in _PURE_OPS:
+                return False
+            children = _children(item)
+            if not children:
+                return False
+            if type(item).__name__ in ("MulBackward0", "DivBackward0") and len(children) != 1:
+                return False  # a product of two computed factors
+            stack.extend(children)
+        return True
+
     def describe_loss(self, tensors) -> dict:
         if not self._noted:
             return {}
@@ -112,13 +146,20 @@ class AdvantageGradWatcher:
                 continue
             a, b = children
             near_a, near_b = self._near(a), self._near(b)
-            if near_a == near_b:
-                continue  # no log-probability, or one on both sides (an entropy's p * log p)
-            logp, weight = (a, b) if near_a else (b, a)
-            weight_reached, logp_reached = reached(weight, _NODES), reached(logp, _NODES)
-            if weight_reached is None or logp_reached is None:
+            if not near_a and not near_b:
                 continue
-            found.update(weight_reached[1] - logp_reached[1])
+            if near_a and near_b:
+                # A log-probability on both sides: an entropy's p * log p, or a variational
+                # learning signal (log p(x, z) - log q(z | x) - baseline) weighting the score
+                # log q(z | x). The score is the side made of log-probabilities alone.
+                pairs = [(lp, w) for lp, w in ((a, b), (b, a)) if self._pure(lp)]
+            else:
+                pairs = [(a, b) if near_a else (b, a)]
+            for logp, weight in pairs:
+                weight_reached, logp_reached = reached(weight, _NODES), reached(logp, _NODES)
+                if weight_reached is None or logp_reached is None:
+                    continue
+                found.update(weight_reached[1] - logp_reached[1])
         if not found:
             return
         tensors_ = self.rec.tensors

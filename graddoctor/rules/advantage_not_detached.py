@@ -20,7 +20,10 @@ class AdvantageNotDetached(Rule):
     loss also trains the critic, with a gradient of `-log_prob(a)` per sample: the value head is
     pushed up wherever the sampled action was unlikely, which has nothing to do with predicting
     the return. The critic's estimates drift and the advantages built from them get worse; it
-    trains, just badly.
+    trains, just badly. The same holds for the score-function estimators of variational
+    inference (REINFORCE, NVIL, VIMCO): the learning signal `log p(x, z) - log q(z | x) - b`
+    weights the score `log q(z | x)` as a constant; left attached, the encoder's term also
+    trains the decoder, the prior and the baseline.
 
     ## Example
     ```python
@@ -38,7 +41,8 @@ class AdvantageNotDetached(Rule):
 
     ## Stays silent on
     A detached advantage (`.detach()`, `.item()`, computed under `no_grad`, from a buffer);
-    an entropy written as `probs * log_probs` (both factors reach the same parameters); PPO's
+    an entropy written as `probs * log_probs` (both factors reach the same parameters), an
+    analytic KL `q.probs * (log q - log p)` (an exp of a log-probability is no score); PPO's
     ratio times a stored advantage; a weight whose gradient no optimizer applies (a temperature
     cleared before its own backward); log-probabilities not made by `torch.distributions`.
     """
@@ -60,21 +64,35 @@ class AdvantageNotDetached(Rule):
             steps = _applying_steps(a, backward, pids)
             if not steps:
                 continue  # cleared before any step applied it: wasted, not wrong
-            loc, text = e.loc, None
+            loc, text, score = e.loc, None, False
             if loc is not None:
                 line = a.source.advantage_line(loc.path, loc.line)
+                if line is None:
+                    line = a.source.score_weight_line(loc.path, loc.line)
+                    score = line is not None
                 if line is not None:
                     loc, text = Location(loc.path, line[0], loc.function), line[1]
             said = f"`{text}` keeps" if text else "the weight of log_prob keeps"
             shown = sorted(pids & set(a.params))
+            names = a.names(shown) if shown else "the critic"
+            if score:  # a variational learning signal weighting the score log q(z)
+                name = _name(text)
+                message = (f"{said} the gradient of {names}: the score-function term "
+                           f"{name} * log_prob(z) also trains those parameters, along log_prob(z) "
+                           f"per sample, instead of weighting the score by a constant")
+                fix = (f"detach the learning signal where the score term uses it: "
+                       f"{name}.detach() * log_prob(z) (the model's own loss keeps its gradient)")
+            else:
+                message = (f"{said} the gradient of {names}: the actor's "
+                           f"loss log_prob(a) * advantage also trains those parameters, along "
+                           f"-log_prob(a) per sample, which has nothing to do with predicting "
+                           f"the return")
+                fix = (f"detach the advantage where the actor's loss uses it: "
+                       f"log_prob * {_name(text)}.detach() (the critic's own loss keeps its "
+                       f"gradient)")
             yield self.finding(
-                f"{said} the gradient of {a.names(shown) if shown else 'the critic'}: the actor's "
-                f"loss log_prob(a) * advantage also trains those parameters, along -log_prob(a) "
-                f"per sample, which has nothing to do with predicting the return",
-                loc, related=(related(steps[0], "the step that applies it"),),
-                step=a.step_number.get(steps[0].seq),
-                fix=(f"detach the advantage where the actor's loss uses it: "
-                     f"log_prob * {_name(text)}.detach() (the critic's own loss keeps its gradient)"),
+                message, loc, related=(related(steps[0], "the step that applies it"),),
+                step=a.step_number.get(steps[0].seq), fix=fix,
                 evidence={"params": [a.param_name(p) for p in shown]})
 
 

@@ -101,7 +101,7 @@ def mismatched_unpackings(tree: ast.AST) -> list[dict]:
                 if a != b and ra is not None and ra == rb:
                     aligned.setdefault((a, b), []).append((stmt.lineno, ra))
                     aligned.setdefault((b, a), []).append((stmt.lineno, ra))
-    found = []
+    found = _permuted_alone(tree, unpackings)
     for block, i, stmt, pairs in unpackings:
         done = False
         for j, (name_a, va) in enumerate(pairs):
@@ -133,6 +133,69 @@ def mismatched_unpackings(tree: ast.AST) -> list[dict]:
                               "text": ast.unparse(bad), "other": ast.unparse(good),
                               "fixed": ast.unparse(fixed), "sibling": siblings[0][0]})
                 done = True
+    return found
+
+
+_DRAWS = frozenset({"randperm", "permutation", "argsort", "randint", "multinomial", "choice"})
+
+
+def _drawn_orders(tree: ast.AST) -> set[str]:
+    """Names assigned a random order or draw of indices (``perm = torch.randperm(n)``,
+    ``idx = np.random.permutation(n)``)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in _DRAWS:
+                out.add(node.targets[0].id)
+    return out
+
+
+def _paired(tree: ast.AST) -> set[frozenset]:
+    """Pairs of names one unpacking of a call or a loop produces together (``x, y =
+    sample_tasks(b, n)``, ``for x, y in loader``): arrays that belong together."""
+    out = set()
+    for node in ast.walk(tree):
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.For):
+            target, value = node.target, node.iter
+        if isinstance(target, ast.Tuple) and not isinstance(value, ast.Tuple):
+            names = [n.id for n in target.elts if isinstance(n, ast.Name)]
+            for i, a in enumerate(names):
+                for b in names[i + 1:]:
+                    out.add(frozenset((a, b)))
+    return out
+
+
+def _permuted_alone(tree: ast.AST, unpackings: list) -> list[dict]:
+    """``permuted``: one array of a pair reordered by a drawn order and its partner given as it
+    is, in one unpacking (``x_ctx, y_ctx = x[:, perm], y``), the partner not reordered later in
+    the block."""
+    orders, pairs_made = _drawn_orders(tree), _paired(tree)
+    if not orders or not pairs_made:
+        return []
+    found = []
+    for block, i, stmt, pairs in unpackings:
+        for j, (name_a, va) in enumerate(pairs):
+            for name_b, vb in pairs[j + 1:]:
+                for (na, sub), (nb, bare) in (((name_a, va), (name_b, vb)),
+                                              ((name_b, vb), (name_a, va))):
+                    if not (isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name)
+                            and isinstance(bare, ast.Name)):
+                        continue
+                    drawn = {n.id for n in ast.walk(sub.slice) if isinstance(n, ast.Name)} & orders
+                    if not drawn or frozenset((sub.value.id, bare.id)) not in pairs_made:
+                        continue
+                    if _later_stores(block, i, {nb}):
+                        continue
+                    fixed = ast.Subscript(ast.Name(bare.id, ast.Load()), sub.slice, ast.Load())
+                    found.append({"line": stmt.lineno, "kind": "permuted", "names": (na, nb),
+                                  "text": ast.unparse(sub), "bare": bare.id,
+                                  "order": sorted(drawn)[0], "fixed": ast.unparse(fixed)})
     return found
 
 
@@ -256,7 +319,10 @@ class UnpackedSlicesMismatched(Rule):
     out[:, 0:1]`: the second column never read), and two row-aligned arrays sliced at
     disjoint row ranges (`x_cal, y_cal = x[2000:2500], labels[2500:3000]`) where another
     unpacking of the file pairs the same two arrays at one range (`x[:2000], labels[:2000]`).
-    It points at the unpacking. It also finds the copied call: two calls of one function a few
+    It also finds one of a pair of arrays (two names one call or loop unpacks together, `x, y =
+    sample_tasks(...)`) reordered by a drawn order while its partner is given as it is, in
+    one unpacking (`x_ctx, y_ctx = x[:, perm], y`: a neural process's context points with
+    another point's values). It points at the unpacking. It also finds the copied call: two calls of one function a few
     statements apart whose other arguments are sibling names (`r`/`r2`, `out_a`/`out_b`) or
     other fixed parts of one tensor (`y[:, 1]`/`y[:, 2]`) while
     one argument is the very same fixed part of one tensor (`masked_mse(r, y, v[:, 0:1])` then
@@ -269,7 +335,8 @@ class UnpackedSlicesMismatched(Rule):
     Gaussian likelihood trains neither; one column of the network never reaches the loss.
     A second task's loss masked with the first task's validity column trains on the rows the
     first task has labels for (missing labels counted as targets) and skips its own.
-    Rows of inputs paired with another split's labels teach (or calibrate, or score) the model
+    A context set whose inputs are shuffled and whose values are not pairs each input with
+    another point's value: the model learns from noise. Rows of inputs paired with another split's labels teach (or calibrate, or score) the model
     on labels that belong to other samples. Nothing fails: the shapes agree, and the loss
     still moves.
 
@@ -338,6 +405,16 @@ class UnpackedSlicesMismatched(Rule):
                         Location(path, hit["line"]),
                         evidence={"kind": "duplicate", "names": [first, second], "slice": hit["text"]},
                         fix=f"give `{second}` its own part of the tensor, not `{hit['text']}` again")
+                elif hit["kind"] == "permuted":
+                    yield self.finding(
+                        f"`{first}` and `{second}` are unpacked from `{hit['text']}` and "
+                        f"`{hit['bare']}`: the pair is reordered by `{hit['order']}` on one side "
+                        f"only, so each element of `{first}` is matched with another element's "
+                        f"partner in `{second}`",
+                        Location(path, hit["line"]),
+                        evidence={"kind": "permuted", "names": [first, second],
+                                  "slices": [hit["text"], hit["bare"]]},
+                        fix=f"reorder both with the same index: `{hit['fixed']}`")
                 else:
                     yield self.finding(
                         f"`{first}` and `{second}` are unpacked from row ranges that do not overlap "
