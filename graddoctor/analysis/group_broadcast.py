@@ -206,3 +206,104 @@ def misaligned_group_expansions(path: str) -> list[tuple[int, str, int, str, str
             out.append((call.lineno, flat, reduced_at, "rows" if axis == 1 else "columns",
                         call.func.attr))
     return sorted(out)
+
+
+_PICKS = frozenset({"argmax", "argmin"})
+
+
+def _pick(node: ast.AST, views: dict) -> str | None:
+    """The flat tensor's text when ``node`` picks one position per row of a two-dimensional view
+    of it: ``view.argmax(dim=1)``, ``view.max(dim=1).indices`` / ``[1]``, ``view.topk(k,
+    dim=1).indices``."""
+    if isinstance(node, ast.Attribute) and node.attr == "indices":
+        node = node.value
+        call = _method(node, frozenset({"max", "min", "topk", "sort"}))
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == 1:
+        call = _method(node.value, frozenset({"max", "min", "topk", "sort"}))
+    else:
+        call = _method(node, _PICKS)
+    if call is None:
+        return None
+    base = _view_base(call.func.value, views)
+    if base is None:
+        return None
+    name = call.func.attr
+    args = call.args[1:] if name == "topk" else call.args
+    dim = args[0] if args else None
+    for k in call.keywords:
+        if k.arg in ("dim", "axis"):
+            dim = k.value
+        elif k.arg == "keepdim":
+            return None
+    if name == "topk" and dim is None:
+        dim = ast.Constant(-1)
+    if isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and isinstance(dim.operand, ast.Constant):
+        value = -dim.operand.value
+    elif isinstance(dim, ast.Constant):
+        value = dim.value
+    else:
+        return None
+    if value not in (1, -1) or len(args) > 1:
+        return None
+    return base
+
+
+def _sources(name: str, made_from: dict) -> set[str]:
+    """The names ``name`` was computed from, through the scope's assignments."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        for source in made_from.get(current, ()):
+            if source not in seen:
+                seen.add(source)
+                todo.append(source)
+    return seen
+
+
+def group_indices_used_flat(path: str) -> list[tuple[int, str, str, int]]:
+    """``(line, index name, flat tensor indexed, line indexed)`` for each position picked per
+    row of a two-dimensional view of a flat tensor (``scores.view(B, N).argmax(1)``: a column
+    number in ``[0, N)``), assigned to a name that then indexes the rows of a flat tensor
+    (``seq[best]``) with no row offset added: every row's pick lands in the first group. The
+indexed tensor is a batch of groups: it (or a name it was computed from, through the scope's
+assignments) was made with ``repeat_interleave``/``repeat``; a table of the group's own size
+(shared candidates) is left out."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    out = []
+    for scope in _scopes(tree):
+        nodes = _own_nodes(scope)
+        views: dict[str, str] = {}
+        picks: dict[str, tuple[int, str]] = {}  # name -> (line, flat text)
+        made_from: dict[str, set[str]] = {}  # name -> the names its assignments read
+        grouped_rows: set[str] = set()  # names assigned from a repeat / repeat_interleave
+        for node in nodes:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                made_from.setdefault(name, set()).update(
+                    n.id for n in ast.walk(node.value) if isinstance(n, ast.Name))
+                if any(_method(n, _EXPANSIONS) is not None for n in ast.walk(node.value)):
+                    grouped_rows.add(name)
+                base = _view_base(node.value, {})
+                if base is not None:
+                    views[name] = base
+                else:
+                    views.pop(name, None)
+                flat = _pick(node.value, views)
+                if flat is not None:
+                    picks[name] = (node.lineno, flat)
+                else:
+                    picks.pop(name, None)
+                continue
+            if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Name) \
+                    or node.slice.id not in picks or not isinstance(node.value, (ast.Name, ast.Attribute)):
+                continue
+            indexed = _text(node.value)
+            if indexed in views:
+                continue  # a row of the grouped view itself
+            line, flat = picks[node.slice.id]
+            if not ({indexed} | _sources(indexed, made_from)) & grouped_rows:
+                continue  # no batch of groups made by repetition: a table of the group's size
+            out.append((line, node.slice.id, indexed, node.lineno))
+    return sorted(set(out))
