@@ -187,12 +187,12 @@ def misaligned_group_expansions(path: str) -> list[tuple[int, str, int, str, str
             call = _method(node, _EXPANSIONS)
             if call is None or call.lineno in seen:
                 continue
-            kind = _expansion(call)
+            layout = _expansion(call)
             found = _reduction(call.func.value, views, stats)
-            if kind is None or found is None:
+            if layout is None or found is None:
                 continue
             flat, axis, reduced_at = found
-            if (axis == 1) == (kind == "interleave"):
+            if (axis == 1) == (layout == "interleave"):
                 continue  # the layout the view made
             assigned = None
             for other in nodes:
