@@ -300,3 +300,21 @@ def test_the_negatives_term_with_the_positives_sign_is_found_in_the_source():
     # two reversed terms: no one line to name
     both = right.replace("-1 * neg_score", "neg_score").replace("softplus(noise_score)", "softplus(-noise_score)")
     assert _negatives_term_unnegated(ast.parse(both)) is None
+
+
+def test_each_roles_own_binary_loss_is_read_from_the_source_without_a_draw(tmp_path):
+    from graddoctor.analysis.negative_labels import paired_labels_wrong
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn.functional as F\n"
+        "def step(pos_logits, neg_logits, m):\n"
+        "    loss = F.binary_cross_entropy_with_logits(pos_logits[m], torch.ones_like(pos_logits[m]))\n"
+        "    loss += F.binary_cross_entropy_with_logits(neg_logits[m], torch.ones_like(neg_logits[m]))\n"
+        "    return loss\n"
+        "def right(pos_logits, neg_logits):\n"
+        "    return F.binary_cross_entropy_with_logits(pos_logits, torch.ones_like(pos_logits)) \\\n"
+        "        + F.binary_cross_entropy_with_logits(-neg_logits, torch.ones_like(neg_logits))\n"
+        "def one_role(neg_logits):\n"
+        "    return F.binary_cross_entropy_with_logits(neg_logits, torch.ones_like(neg_logits))\n")
+    assert [(line, role, label) for line, _, role, label in paired_labels_wrong(str(script))] == [
+        (4, "negative", 1)]

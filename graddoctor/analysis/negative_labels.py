@@ -209,3 +209,56 @@ def negatives_labelled_positive(path: str) -> list[tuple[int, str, str, str]]:
                     told.add((line, 0))
                     found.append((line, ast.unparse(node), role, str(value)))
     return sorted(found)
+
+
+def _flipped(expr: ast.AST) -> bool:
+    """``-x``, ``x.neg()``, ``-1 * x``, ``1 - x``: a score given with its sign (or its
+    probability's complement) flipped, which makes a 1 target right for a negative."""
+    expr = _strip(expr)
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return True
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Sub) and isinstance(expr.left, ast.Constant):
+        return True
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return any(isinstance(side, ast.UnaryOp) and isinstance(side.op, ast.USub) for side in (expr.left, expr.right))
+    return _called(expr) in ("neg", "negative")
+
+
+def paired_labels_wrong(path: str) -> list[tuple[int, str, str, int]]:
+    """``(line, text, role, label)`` of each binary loss call, in a function (or the module's top
+    level) that gives both a positive-named and a negative-named score block its own binary loss
+    with a constant target, that labels a negative 1 or a positive 0. Scores given with their
+    sign flipped (``-neg``, ``1 - p_neg``) read as nothing: a 1 target is right for them."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    criteria = _criteria(tree)
+    found, seen_calls = [], set()
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    for scope in scopes:
+        assigned = _assignments(scope)
+        calls = []
+        for node in walk(scope):
+            if not isinstance(node, ast.Call) or id(node) in seen_calls:
+                continue
+            called = _called(node)
+            if called not in _BINARY_LOSSES and not (called in criteria and isinstance(node.func, (ast.Name, ast.Attribute))):
+                continue
+            seen_calls.add(id(node))
+            pair = _loss_arguments(node)
+            if pair is None:
+                continue
+            scores, _ = _resolve(pair[0], assigned, node.lineno)
+            target, _ = _resolve(pair[1], assigned, node.lineno)
+            if _blocks(scores) is not None or _blocks(target) is not None:
+                continue
+            role, value = _role(pair[0]) or _role(scores), _constant(target)
+            if role is None or value is None or _flipped(pair[0]) or _flipped(scores):
+                continue
+            calls.append((node, role, value))
+        if len({role for _, role, _ in calls}) < 2:
+            continue
+        for node, role, value in calls:
+            if (role == "positive") == (value == 0):
+                found.append((node.lineno, ast.unparse(node), role, value))
+    return sorted(set(found))

@@ -26,7 +26,10 @@ A mask whose keys are per sample (its first dimension the batch's) is reduced to
 sample leaves out for every query. When a token batch of the same (batch, length) has padding
 in at least two rows, and the keys left out are exactly the positions that do *not* hold the
 fill id (98% of them or more), an ``attention_mask`` aside event with ``problem="inverted"`` is
-recorded at the call. A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
+recorded at the call. A square ``attn_mask`` (the same for every sample and head) that leaves
+out exactly the keys before each query, a causal mask transposed (``tril`` where ``triu`` was
+meant, or the other convention's triangle), is recorded with ``problem="reversed"``: each
+position attends to itself and the future, which a next-item target then reads. A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
 both present, is recorded with ``problem="additive01"``. A call with no mask at all (and not
 causal) whose keys have the shape of a remembered token batch in which the fill id forms runs at
 one end of two rows or more and occurs almost nowhere else is recorded with
@@ -72,6 +75,7 @@ class AttentionMaskWatcher:
         self._token_reads = 0
         self._tokens: list[tuple[torch.Tensor, int]] = []  # (token batch copy, fill), latest first
         self._done: set = set()  # (call line, problem) recorded
+        self._causal_seen = False  # a causal mask (each query sees its past) was judged
 
     # -- token batches ------------------------------------------------------------------------
     def _embedded(self, args, kwargs) -> None:
@@ -147,6 +151,8 @@ class AttentionMaskWatcher:
                 removed = m <= _NEGATIVE
             else:
                 return
+            if argument == "attn_mask":
+                self._judge_direction(api, removed, keys)
             if batch is None or batch < 2 or m.dim() < 2 or m.shape[0] != batch:
                 return  # no key mask per sample
             removed = removed.reshape(batch, -1, keys).all(1)  # left out for every query
@@ -162,6 +168,21 @@ class AttentionMaskWatcher:
                                  removed=round(float(removed.float().mean()), 4),
                                  dtype=str(m.dtype).replace("torch.", ""))
                 return
+
+    def _judge_direction(self, api: str, removed: torch.Tensor, keys: int) -> None:
+        """A square self-attention mask (every query/key slice alike) that leaves out exactly
+        the keys before each query: the transpose of a causal mask, so each position attends to
+        itself and the positions after it. A causal mask seen earlier in the run (a forward and a
+        backward language model side by side) keeps the reversed one unreported."""
+        if removed.dim() < 2 or removed.shape[-2] != keys or keys < 3:
+            return
+        slices = removed.reshape(-1, keys, keys)
+        earlier = torch.ones(keys, keys, dtype=torch.bool).tril(-1)
+        if bool((slices == earlier.T).all()):
+            self._causal_seen = True
+        elif bool((slices == earlier).all()) and not self._causal_seen:
+            self._record(api, "attn_mask", "reversed", convention="causal transposed",
+                         keys=int(keys))
 
     def _unmasked(self, api: str, argument: str, batch: int | None, keys: int) -> None:
         """An attention call with no mask at all (and not causal) over keys of the shape of a

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
+from ..location import Location
 from .base import Rule
 
 
@@ -37,7 +40,9 @@ class LossCountsPadding(Rule):
     token batch the script embedded) end in runs of one id of different lengths, an id absent
     from the rest, is given padded targets (a T5's labels padded with 0, its decoder start token
     too). A model that computes its loss from `labels=` (transformers) is told to set the padded
-    labels to -100.
+    labels to -100. A loss module called there (`criterion(logits, labels)`) is reported where
+    the script builds it (`criterion = nn.CrossEntropyLoss()`), the line that takes
+    `ignore_index`.
 
     ## Stays silent on
     `ignore_index` equal to the padding index; targets where the padding index is rare (a
@@ -64,7 +69,14 @@ class LossCountsPadding(Rule):
                     "targets": "the id that fills up the shorter rows of the targets themselves"
                     }.get(source, "an nn.Embedding's padding_idx")
             fix = f"pass ignore_index={pad} to the loss (or set the padded targets to -100)"
-            if e.loc is not None and "labels" in a.source.line_text(e.loc.path, e.loc.line):
+            loc = e.loc
+            built = _criterion_built(a, e.loc) if e.loc is not None else None
+            if built is not None:
+                # a loss module called here: its construction is where ignore_index goes
+                line, cls = built
+                loc = Location(e.loc.path, line)
+                fix = f"build the loss with the padding ignored: `{cls}(ignore_index={pad})`"
+            elif e.loc is not None and re.search(r"\blabels\s*=(?!=)", a.source.line_text(e.loc.path, e.loc.line)):
                 # the model computes the loss (transformers' models): only the labels can say it
                 fix = ("set the labels of the padded positions to -100, which the model's loss "
                        "ignores: " + (f"labels = labels.masked_fill(labels == {pad}, -100)"
@@ -74,7 +86,26 @@ class LossCountsPadding(Rule):
                 f"{fraction:.0%} of the targets {name} gets here are the padding index {pad} "
                 f"({what}), and {ignoring}: every padded position is trained "
                 "as 'predict padding' and counts in the mean",
-                e.loc, fix=fix,
+                loc, fix=fix,
                 evidence={"pad": pad, "fraction": fraction, "ignore_index": ignore,
                           "reduction": e.get("reduction"), "source": e.get("source")},
             )
+
+
+_CALLED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
+_LOSS_MODULE = re.compile(r"((?:\b\w+\.)*(?:CrossEntropyLoss|NLLLoss))\s*\(")
+
+
+def _criterion_built(a, loc):
+    """``(line, class)`` of the one ``nn.CrossEntropyLoss(...)``/``nn.NLLLoss(...)`` that a name
+    called on ``loc``'s line was last assigned (``criterion = nn.CrossEntropyLoss()``), or None."""
+    text = a.source.line_text(loc.path, loc.line).split("#")[0]
+    found = set()
+    for name in set(_CALLED.findall(text)):
+        made = a.source.value_origin(loc.path, loc.line, name)
+        if made is None:
+            continue
+        module = _LOSS_MODULE.search(made[1])
+        if module is not None and made[0] != loc.line:
+            found.add((made[0], module.group(1)))
+    return found.pop() if len(found) == 1 else None

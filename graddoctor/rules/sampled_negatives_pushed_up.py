@@ -3,11 +3,12 @@ from __future__ import annotations
 import ast
 import re
 
-from ..analysis.negative_labels import negatives_labelled_positive
+from ..analysis.negative_labels import negatives_labelled_positive, paired_labels_wrong
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 
+_CONSTANT_FOR = {1: ("ones_like", "new_ones", "ones"), 0: ("zeros_like", "new_zeros", "zeros")}
 _UP = 0.6  # the negatives' share of the gradient raising them, at least
 _DOWN = 0.4  # the positives' share raising them, at most, to say that they are lowered
 _JUDGED = 2  # backwards that must each say reversed
@@ -124,6 +125,13 @@ class SampledNegativesPushedUp(Rule):
     is a row of the draw); the data's and the drawn pairs scored from one such tensor are
     scored against each other.
 
+    Without a draw to follow (negatives drawn one number at a time, as SASRec's sampler does,
+    drawn in a sampler process or read from a file), the source alone: in one function, each
+    role's binary loss on its own score block (`neg_logits[mask]`, named `pos`/`neg`) with a
+    constant target, and a negative labelled 1 or a positive labelled 0, reported at that
+    loss call; a score given with its sign flipped (`-neg_logits`, `1 - p_neg`) against a 1
+    is right and left out.
+
     ## Why is this bad?
     Negative sampling exists to rank the pairs the data holds above random ones. Reversed, the
     loss still falls steadily and nothing fails, but the model learns to rank random items
@@ -183,9 +191,11 @@ class SampledNegativesPushedUp(Rule):
             up_neg, up_pos = _weighted_up(negatives), _weighted_up(positives)
             verdicts.setdefault((event.loc.path, event.loc.line), []).append(
                 (up_neg >= _UP, event, negatives, positives, up_neg, up_pos, own))
+        reported = set()
         for (path, line), judged in verdicts.items():
             if len(judged) < _JUDGED or not all(v[0] for v in judged):
                 continue
+            reported.add(path)
             _, event, negatives, positives, up_neg, up_pos, own = judged[-1]
             orient = negatives[0]["orient"]
             names = [n for s in negatives for n in s.get("names") or ()]
@@ -216,6 +226,32 @@ class SampledNegativesPushedUp(Rule):
             yield self.finding(message, loc, step=a.next_step_number(event.seq), evidence={
                 "orient": orient, "up_negatives": round(up_neg, 4), "up_positives": round(up_pos, 4),
                 "backwards": len(judged), "negatives": names[:4], "positives": pos_names[:4]})
+
+        yield from self._labelled_apart(a, reported)
+
+    def _labelled_apart(self, a, reported):
+        """Negatives labelled 1 (or positives 0) where the source gives each role its own binary
+        loss with a constant target in one function: no draw needs to be seen for that (negatives
+        drawn one number at a time, in a sampler process, or read from a file)."""
+        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None})
+        for path in paths:
+            if path in reported:
+                continue  # the gradient's reading has said it there
+            for line, text, role, label in paired_labels_wrong(a.source.full(path)):
+                plural = "negatives" if role == "negative" else "positives"
+                move = "up" if role == "negative" else "down"
+                made = _CONSTANT_FOR[label]
+                old = next((n for n in made if f"{n}(" in text), None)
+                fix = f"give the {role} scores the target {1 - label}"
+                if old is not None:
+                    fix += f": `{_CONSTANT_FOR[1 - label][made.index(old)]}` in place of `{old}`"
+                yield self.finding(
+                    f"`{text}` gives the {role} scores the target {label}: a binary loss over "
+                    f"sampled pairs labels the data's positives 1 and the sampled negatives 0, "
+                    f"so this term pushes the {plural}' scores {move}, and the model is never "
+                    f"taught to rank the data's items above the sampled ones (the loss still falls)",
+                    Location(path, line), fix=fix,
+                    evidence={"role": role, "label": label, "source_only": True})
 
     @staticmethod
     def _line(a, path, line, names):
