@@ -330,6 +330,14 @@ def test_without_the_flag_a_script_that_needs_a_gpu_is_run_again_on_an_emulated_
     assert any("`graddoctor check --emulate-cuda`" in n for n in report.run.notes), report.run.notes
 
 
+def test_a_lightning_script_asking_for_a_cuda_accelerator_is_run_again_emulated(tmp_path):
+    pytest.importorskip("lightning")
+    code = "import lightning as L\nfabric = L.Fabric(accelerator='cuda', devices=1)\n"
+    report = _check(tmp_path, code, emulate_cuda=False)
+    assert report.run.device.startswith("cuda") and not report.run.error, report.run.error
+    assert "for want of a GPU" in report.run.notes[0]
+
+
 def test_a_gpu_script_run_again_emulated_is_checked_and_its_first_crash_noted(tmp_path, capsys):
     report = _check(tmp_path, """
         import torch

@@ -993,7 +993,10 @@ def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
                                        "Found no NVIDIA driver", "no CUDA GPUs",
                                        "without ATen_cuda library", "NCCL", "nccl",
                                        # pin_memory() on a machine without an accelerator
-                                       "Cannot access accelerator device when none is available"))
+                                       "Cannot access accelerator device when none is available",
+                                       # Lightning's Trainer / Fabric(accelerator="cuda" or "gpu")
+                                       "`CUDAAccelerator` can not run on your system",
+                                       "No supported gpu backend found"))
     # a CPU build has no CUDA bindings: torch.cuda.set_device(0) and its kin fail on
     # "module 'torch._C' has no attribute '_cuda_setDevice'"
     wants = wants or (error.get("type") == "AttributeError" and "torch._C" in message
