@@ -73,10 +73,12 @@ def test_the_fake_gpu_answers_and_says_so(tmp_path, capsys):
 
 def test_every_patch_is_undone_after_the_run(tmp_path):
     before = (torch.cuda.is_available, torch.cuda.device_count, torch.Generator, torch.load,
+              torch.is_autocast_enabled, torch.get_autocast_dtype,
               torch.amp.autocast_mode.autocast.__init__, torch.distributed.init_process_group,
               torch.nn.parallel.DistributedDataParallel.__init__)
     _check(tmp_path, "import torch\nmodel = torch.nn.Linear(3, 1).cuda()\n" + LOOP)
     after = (torch.cuda.is_available, torch.cuda.device_count, torch.Generator, torch.load,
+             torch.is_autocast_enabled, torch.get_autocast_dtype,
              torch.amp.autocast_mode.autocast.__init__, torch.distributed.init_process_group,
              torch.nn.parallel.DistributedDataParallel.__init__)
     assert before == after
@@ -211,6 +213,45 @@ def test_autocast_cuda_runs_as_cpu_autocast_in_the_dtype_asked():
         assert torch.cuda.amp.GradScaler().is_enabled()
 
 
+def test_a_custom_function_for_cuda_autocast_runs_its_backward_in_the_forwards_dtype():
+    # custom_fwd/custom_bwd(device_type="cuda") ask torch for CUDA's autocast state: answered as
+    # the CPU autocast standing in for it, the backward casts as on a GPU instead of stopping on
+    # fp16 gradients against fp32 saved tensors
+    class MyMM(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda")
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return a.mm(b)
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            return grad.mm(b.t()), a.t().mm(grad)
+
+    with emulate_cuda.CudaEmulation():
+        assert not torch.is_autocast_enabled("cuda")
+        a = torch.randn(4, 3).cuda()
+        b = torch.randn(3, 2, requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            assert torch.is_autocast_enabled("cuda") and torch.is_autocast_enabled()
+            assert torch.get_autocast_dtype("cuda") == torch.float16
+            out = MyMM.apply(a, b)
+        assert out.dtype == torch.float16
+        out.float().sum().backward()
+        assert b.grad is not None and b.grad.dtype == torch.float32
+
+        class FP32MM(MyMM):
+            forward = staticmethod(torch.amp.custom_fwd(MyMM.forward.__wrapped__, device_type="cuda",
+                                                        cast_inputs=torch.float32))
+
+        with torch.autocast("cuda", dtype=torch.float16):
+            half = torch.nn.functional.linear(a, torch.randn(3, 3))  # fp16 under autocast
+            assert FP32MM.apply(half, b).dtype == torch.float32  # cast back, run without autocast
+    assert not torch.is_autocast_enabled("cuda")
+
+
 def test_a_dtype_cpu_autocast_lacks_falls_back_to_bf16_with_a_note(monkeypatch):
     monkeypatch.setattr(emulate_cuda, "_cpu_autocast_dtypes", lambda: {torch.bfloat16})
     emulation = emulate_cuda.CudaEmulation()
@@ -287,6 +328,14 @@ def test_without_the_flag_a_script_that_needs_a_gpu_is_run_again_on_an_emulated_
     report = _check(tmp_path, code, emulate_cuda=False, device="cpu")
     assert report.run.error and not report.run.device.startswith("cuda")
     assert any("`graddoctor check --emulate-cuda`" in n for n in report.run.notes), report.run.notes
+
+
+def test_a_lightning_script_asking_for_a_cuda_accelerator_is_run_again_emulated(tmp_path):
+    pytest.importorskip("lightning")
+    code = "import lightning as L\nfabric = L.Fabric(accelerator='cuda', devices=1)\n"
+    report = _check(tmp_path, code, emulate_cuda=False)
+    assert report.run.device.startswith("cuda") and not report.run.error, report.run.error
+    assert "for want of a GPU" in report.run.notes[0]
 
 
 def test_a_gpu_script_run_again_emulated_is_checked_and_its_first_crash_noted(tmp_path, capsys):

@@ -52,6 +52,29 @@ def test_hand_rescaled_gradients_are_silent():
     assert findings(t, "unscaled-accumulation") == []
 
 
+def test_gradients_rescaled_before_a_clip_are_silent():
+    # p.grad.mul_(1 / n) then clip_grad_norm_: the clip took the edit up (its ``edited``), the
+    # step's pre hook saw none; a clip that found nothing edited changes nothing
+    t = builder("SGD")
+    for w in range(3):
+        for i in range(4):
+            t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=40,
+                       loss_scale_factor=1.0, batch=[0, 0, w * 4 + i])
+        clip(t, line=41, edited=P)
+        t.step(line=42)
+        t.clear(P, line=43)
+    assert findings(t, "unscaled-accumulation") == []
+    t = builder("SGD")
+    for w in range(3):
+        for i in range(4):
+            t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=40,
+                       loss_scale_factor=1.0, batch=[0, 0, w * 4 + i])
+        clip(t, line=41)
+        t.step(line=42)
+        t.clear(P, line=43)
+    assert only(t, "unscaled-accumulation").severity is Severity.WARNING
+
+
 def test_other_factor_is_info():
     t = builder("SGD")
     accumulation(t, factor=0.5)

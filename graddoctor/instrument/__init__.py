@@ -176,7 +176,7 @@ class Instrumentation:
         # AMP, clipping, schedulers
         rec.subscribe(DESCRIBE_LOSS, self.dataloader.describe_loss)
         rec.subscribe(DESCRIBE_LOSS, self.scalers.describe_loss)
-        self.watchers += [self.scalers, ClipWatcher(rec),
+        self.watchers += [self.scalers, ClipWatcher(rec, self.optimizers.edit_factors),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
         self.modes = ModeWatcher(rec, self.optimizers.owned_pids())

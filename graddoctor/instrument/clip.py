@@ -131,8 +131,12 @@ _PLAIN_ARGUMENTS = (float, int, bool, type(None), str)
 
 
 class ClipWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, edit_factors=None):
         self.rec = rec
+        # the optimizer watcher's gradient samples (instrument/editfactor.py): an edit through
+        # ``.data`` before the clip (``p.grad.data.mul_(1 / n)``) moves no version counter, and
+        # the clip's own in-place change would hide it from the step's pre hook
+        self._edit_factors = edit_factors
         self._depth = Depth()
         self._value_left = VALUE_MEASURED  # clip_grad_value_ calls still to measure
         # (ids, pids, weak references) of the tensors the latest call was given, all tracked
@@ -140,6 +144,26 @@ class ClipWatcher:
         # the skim (instrument/fold.py): what a call on a skimmed turn compares with, armed by
         # a full-path call whose event went onto the steady path (``_arm``); None: not armed
         self._armed: tuple | None = None
+
+    def _untracked_before(self, before: "Before", edited: list) -> list:
+        """``edited`` and the grads changed through ``.data`` since the latest sampled backward
+        (only while the optimizer watcher samples, on the first backwards: no cost later)."""
+        factors = self._edit_factors
+        if factors is None or before.grads is None or not before.pids:
+            return edited
+        calls = self.rec.progress.backward_calls
+        if not factors.sampled_at(calls):
+            return edited
+        found = factors.untracked(calls, before.pids, before.grads, set(edited))
+        return edited + found if found else edited
+
+    def _follow(self, before: "Before") -> None:
+        """After the clip changed the sampled grads in place: later edits through ``.data`` are
+        judged against the clipped values."""
+        factors = self._edit_factors
+        if factors is not None and before.grads is not None and before.pids \
+                and factors.sampled_at(self.rec.progress.backward_calls):
+            factors.follow(before.pids, before.grads)
 
     def _before(self, params: list) -> tuple[list, "Before", list]:
         """One pass before the clip: each param's pid (None if untracked), the state of each
@@ -418,6 +442,7 @@ class ClipWatcher:
             edited: list = []
             try:
                 known_pids, before, edited = watcher._before(params)
+                edited = watcher._untracked_before(before, edited)
             except Exception as exc:
                 rec.internal_error(f"{via} (before)", exc)
             share = None
@@ -430,6 +455,10 @@ class ClipWatcher:
                     rec.internal_error(f"{via} (clipped share)", exc)
             with watcher._depth:
                 result = original(*args, **kwargs)
+            try:
+                watcher._follow(before)
+            except Exception as exc:
+                rec.internal_error(f"{via} (edit samples)", exc)
             try:
                 arguments = dict(zip(names, args))
                 arguments.update(kwargs)

@@ -20,7 +20,9 @@ so the grad keeps the ``(id, _version)`` the backward left and looks untouched. 
 pre hook, a sampled grad that is still that tensor at that version but whose sampled values
 differ was edited that way (``untracked``): the optimizer watcher counts it as edited, exactly
 as ``p.grad.zero_()`` would be. Grads vouched by a watched op that changes values without a
-version bump (``GradScaler.unscale_``) are compared with what that op left (``rebase``). Once such an edit was seen
+version bump (``GradScaler.unscale_``) are compared with what that op left (``rebase``); a clip,
+which changes them in place, first reports the ``.data`` edits made before it (its ``edited``) and
+then moves the samples to what it left (``follow``). Once such an edit was seen
 every later backward is sampled, so the script's every step is judged alike (its steps never go
 onto the steady path: they are edited).
 """
@@ -145,6 +147,19 @@ class EditFactors:
                     continue
                 now = grad.detach().reshape(-1)[:sample[2].numel()].to(torch.float64, copy=True)
                 samples[pid] = (*sample[:3], now)
+
+    def follow(self, pids, grads) -> None:
+        """A watched op changed these grads in place with a version bump (a clip): each sampled
+        one is judged from now on at its new version and values (its values after the backward
+        stay what ``factors`` compares with)."""
+        samples = self._samples
+        with torch.no_grad():
+            for pid, grad in compress(zip(pids, grads), map(samples.__contains__, pids)):
+                sample = samples.get(pid)
+                if sample is None or type(grad) is not torch.Tensor or sample[0] != id(grad):
+                    continue
+                now = grad.detach().reshape(-1)[:sample[2].numel()].to(torch.float64, copy=True)
+                samples[pid] = (sample[0], grad._version, sample[2], now)
 
     def untracked(self, backward_calls: int, pids, grads, skip) -> list[int]:
         """The pids among ``pids`` (their ``grads`` parallel) whose grad, sampled after the

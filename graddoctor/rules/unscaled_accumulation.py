@@ -168,8 +168,13 @@ class UnscaledAccumulation(Rule):
 
     def check(self, a):
         edits = a.of_kind("grad_edit")
-        clips = [e for e in a.of_kind("clip") if not e.get("norm_only")]
+        all_clips = a.of_kind("clip")
+        clips = [e for e in all_clips if not e.get("norm_only")]
+        # a clip that found grads changed in place before it (p.grad.mul_(1 / n)) took them up
+        # as they were: the step's pre hook no longer sees that edit
+        edited_clips = [c for c in all_clips if c.get("edited")]
         for opt, windows in a.windows.items():
+            owned = set(a.opt_params.get(opt, ()))
             k = typical([w.k for w in windows], [a.weight(w.step) for w in windows])
             if k is None or k < 2:
                 continue
@@ -181,7 +186,9 @@ class UnscaledAccumulation(Rule):
             verdicts: dict[str, list] = {"bad": [], "good": [], "odd": [], "unknown": []}
             for w in judged:
                 last = w.group[-1]
-                if any(last.seq < g.seq < w.step.seq and g["opt"] == opt for g in edits):
+                if any(last.seq < g.seq < w.step.seq and g["opt"] == opt for g in edits) or any(
+                        last.seq < c.seq < w.step.seq and owned.intersection(c["edited"])
+                        for c in edited_clips):
                     verdicts["unknown"].append(w)  # gradients rescaled by hand before the step
                     continue
                 factors = [b.get("loss_scale_factor") for b in w.group]

@@ -482,6 +482,28 @@ class CudaEmulation:
         __init__.__wrapped__ = original
         return __init__
 
+    def _autocast_state(self, is_enabled, get_dtype):
+        """The autocast state asked of "cuda" is the CPU autocast's that stands in for it:
+        custom_fwd(device_type="cuda") records it in the forward, and custom_bwd re-enters that
+        autocast for the backward, which a GPU runs in the forward's dtype (answered False, a
+        Function's backward got fp16 gradients against fp32 saved tensors and stopped)."""
+
+        def asks_cuda(args, kwargs) -> bool:
+            device_type = args[0] if args else kwargs.get("device_type")
+            return device_type is None or _is_cuda(device_type)  # no argument: CUDA's, as in torch
+
+        def is_autocast_enabled(*args, **kwargs):
+            if asks_cuda(args, kwargs):
+                return is_enabled("cpu")
+            return is_enabled(*args, **kwargs)
+
+        def get_autocast_dtype(*args, **kwargs):
+            if asks_cuda(args, kwargs) and is_enabled("cpu"):
+                return get_dtype("cpu")
+            return get_dtype(*args, **kwargs)
+
+        return is_autocast_enabled, get_autocast_dtype
+
     def _init_process_group(self, original):
         emu = self
 
@@ -634,6 +656,16 @@ class CudaEmulation:
                     if hasattr(accelerator, name):
                         patch(accelerator, name, fake)
             patch(autocast, "__init__", self._autocast_init(autocast.__init__))
+            is_enabled, get_dtype = self._autocast_state(torch.is_autocast_enabled,
+                                                         torch.get_autocast_dtype)
+            patch(torch, "is_autocast_enabled", is_enabled)
+            patch(torch, "get_autocast_dtype", get_dtype)
+            from torch.amp import autocast_mode
+
+            cast = autocast_mode._cast  # custom_fwd(cast_inputs=) casts the emulated GPU's tensors
+            patch(autocast_mode, "_cast",
+                  lambda value, device_type, dtype: cast(
+                      value, "cpu" if _is_cuda(device_type) else device_type, dtype))
             patch(torch, "load", self._load(torch.load))
             patch(torch._C._nn, "_parse_to", self._index_as_cuda(torch._C._nn._parse_to))
             patch(torch, "Generator", self._generator())
@@ -961,7 +993,10 @@ def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
                                        "Found no NVIDIA driver", "no CUDA GPUs",
                                        "without ATen_cuda library", "NCCL", "nccl",
                                        # pin_memory() on a machine without an accelerator
-                                       "Cannot access accelerator device when none is available"))
+                                       "Cannot access accelerator device when none is available",
+                                       # Lightning's Trainer / Fabric(accelerator="cuda" or "gpu")
+                                       "`CUDAAccelerator` can not run on your system",
+                                       "No supported gpu backend found"))
     # a CPU build has no CUDA bindings: torch.cuda.set_device(0) and its kin fail on
     # "module 'torch._C' has no attribute '_cuda_setDevice'"
     wants = wants or (error.get("type") == "AttributeError" and "torch._C" in message
