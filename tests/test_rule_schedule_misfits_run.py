@@ -364,3 +364,17 @@ def test_a_linear_decay_to_zero_sized_in_one_epoch_of_a_longer_run(tmp_path):
 ])
 def test_a_decay_sized_in_batches_that_the_run_does_not_outlast(tmp_path, scheduler, epochs):
     assert _check(tmp_path, scheduler, epochs=epochs) == []
+
+
+def test_milestones_named_in_epochs_are_spent_though_a_multiple_of_the_epoch(tmp_path):
+    """A 128-epoch run of 64 batches an epoch: the milestone `epochs // 2` is 64, a multiple of
+    the epoch's batches, which alone would read as a length sized in batches; the text names it
+    in epochs, so stepped per batch it is spent in the first epoch."""
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.MultiStepLR(optimizer, "
+                              "milestones=[epochs // 2], gamma=0.01)", epochs=128))
+    assert f.location.line == LINE and f.evidence["side"] == "spent"
+
+
+def test_milestones_named_in_epochs_and_converted_to_batches_are_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.MultiStepLR(optimizer, "
+                            "milestones=[int(epochs * 0.6) * len(loader)])", epochs=12) == []

@@ -11,10 +11,11 @@ from graddoctor.trace import Trace
 from mode_traces import bn, check, end, fwd, mode_set, new, update
 
 
-def dropout(t, mid, p=0.5):
+def dropout(t, mid, p=0.5, model=None):
     return t.trace.add("mode_module", None, mid=mid, name=f"model.drop{mid}", cls="Dropout",
                        layer="dropout", has_params=False, frozen=None, owned=None, trainable=None,
-                       updated=False, track_running_stats=None, momentum=None, p=p, freeze=None)
+                       updated=False, track_running_stats=None, momentum=None, p=p, freeze=None,
+                       **({"model": model} if model is not None else {}))
 
 
 def validation_then_training(t, leaf=False, frozen=False, retrain=False, grad_modules=None, layer="dropout",
@@ -53,6 +54,15 @@ def test_train_in_eval_points_at_eval_call():
 def test_train_in_eval_silent_on(kw):
     t = new()
     validation_then_training(t, **kw)
+    assert check(TrainInEvalMode, t) == []
+
+
+def test_dropout_of_a_model_no_optimizer_trains_is_silent():
+    """A steering vector or soft prompt optimised through a frozen model kept in eval mode: the
+    instrumentation names the model holding the dropout layer, whose parameters no optimizer
+    trains, and the gradient that flows through it trains something else."""
+    t = new()
+    validation_then_training(t, model="lm")
     assert check(TrainInEvalMode, t) == []
 
 

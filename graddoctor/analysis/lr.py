@@ -834,6 +834,28 @@ _EPOCH_WORD = re.compile(r"epoch", re.I)
 _BATCH_WORDS = re.compile(r"len\(|per_?epoch|step|iter|batch", re.I)
 
 
+def _length_named_in_epochs(a: "Analysis", s: Schedule, arg: str, plan: Plan) -> bool:
+    """Whether a schedule stepped per batch (``plan.per_epoch`` of them per epoch, 2 or more)
+    was given its length ``arg`` (``milestones``, ``step_size``, ``T_max``) as a count of epochs
+    by the script's own text: the argument reads a name saying epoch (``int(EPOCHS * 0.6)``,
+    ``num_epochs // 3``) and none saying batch, step or iteration. Such a length is spent by
+    the epoch it names counted in batches, whatever share of the run that is."""
+    if s.init is None or s.init.loc is None or not plan.per_epoch or plan.per_epoch < 2:
+        return False
+    text = a.source.schedule_arguments(s.init.loc.path, s.init.loc.line, s.cls)
+    if not text:
+        return False
+    try:
+        call = ast.parse(f"f(None, {text})", mode="eval").body
+    except SyntaxError:
+        return False
+    node = next((k.value for k in call.keywords if k.arg == arg), None)
+    if node is None:
+        return False
+    shown = ast.unparse(node)
+    return bool(_EPOCH_WORD.search(shown)) and not _BATCH_WORDS.search(shown)
+
+
 def _warmup_in_epochs(a: "Analysis", s: Schedule, plan: Plan):
     """``(total_iters, its source text)`` of a ``LinearLR`` warm-up stepped per batch whose
     length the script names as epochs (``total_iters=warmup_epochs``, nothing per epoch or
@@ -1000,11 +1022,13 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
         if s.cls == "CosineAnnealingLR" and s.parent is None and sizes \
                 and _sized_in_batches(sizes[0], plan.lengths):
             return _cosine_cycles(s, plan, sizes[0])
-        if any(_sized_in_batches(v, plan.lengths) for v in sizes):
+        named = at <= (plan.epochs or 0) and _length_named_in_epochs(a, s, arg, plan)
+        if any(_sized_in_batches(v, plan.lengths) for v in sizes) and not named:
             return _ends_before_run(s, plan, at, what, arg, value)  # a batch count: of the run?
-        if at > SPENT_SHARE * plan.steps:
+        if at > SPENT_SHARE * plan.steps and not named:
             return None
-        if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE:
+        if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE \
+                and not named:
             return None  # a short run (under 20 epochs) whose schedule outlasts the first epoch
         cycles = (plan.steps - offset) / (2 * (at - offset)) if s.cls == "CosineAnnealingLR" else None
         return Misfit(plan, "spent", at, what, arg, value, lr_left(s, plan.steps - offset), cycles)

@@ -385,7 +385,10 @@ class ModeWatcher:
         outer, site, site_key = self._call_site(start)
         grad = torch.is_grad_enabled()
         training = bool(module.training)
-        state = self._state(module, outer, site, training and not grad)
+        # train mode under no_grad (a teacher making targets) or eval mode with gradients (a
+        # frozen model a steering vector or an input is optimised through): the model holding
+        # the dropout layer whose parameters no optimizer trains is looked up for either
+        state = self._state(module, outer, site, training != grad)
         mid = state.mid
         key = (training, grad, site_key)
         # does the gradient flow through this module (is it part of what is being trained)?
@@ -482,7 +485,7 @@ class ModeWatcher:
             name=variable_name(root, site) if site is not None else None,
             grad=torch.is_grad_enabled(), how="unregistered"), self._loc(call))
 
-    def _state(self, module, outer, site, no_grad_training: bool = False) -> _State:
+    def _state(self, module, outer, site, find_model: bool = False) -> _State:
         state = self._states.get(id(module))
         if state is None or state.ref() is not module:
             state = _State(module, self._mid(module))
@@ -511,7 +514,7 @@ class ModeWatcher:
             flags = (weight is not None, state.trainable, owned, state.updated,
                      module.track_running_stats, module.momentum)
         else:
-            if no_grad_training and outer is not None:
+            if find_model and outer is not None:
                 root = self._root
                 root = root[1] if root is not None and root[0] is outer else self._outer_self(outer)
                 if state.model_root != id(root):

@@ -70,7 +70,10 @@ class ScheduleMisfitsRun(Rule):
       `LinearLR` / `PolynomialLR` / transformers decay at its end, a `OneCycleLR(total_steps=
       epochs)` at its end (where torch raises at the next step), a `LinearLR` warm-up whose
       `total_iters` the script names in epochs (`warmup_epochs`) over within the first epoch,
-      while none of its lengths is a multiple of the DataLoader's length;
+      while none of its lengths is a multiple of the DataLoader's length; a length the script
+      writes as a count of epochs (`milestones=[int(epochs * 0.6)]`, `step_size=num_epochs // 3`,
+      no batch, step or iteration word in it) is judged so at any share of the run and whatever
+      it is a multiple of;
     * stepped after every batch, a decay to 0 (transformers' linear or polynomial schedule, a
       `PolynomialLR`, a `LambdaLR` that reaches 0) sized in whole epochs of batches
       (`num_training_steps=len(loader)`) but fewer epochs than the loop around the DataLoader

@@ -57,7 +57,9 @@ class TrainInEvalMode(Rule):
     adversarial attack run in eval mode (its backward takes the input's gradient) before
     `model.train()`; a frozen backbone or encoder kept in eval mode on purpose; BatchNorm
     statistics frozen on purpose; a teacher in eval mode under `no_grad`; samples drawn under
-    `no_grad`; a frozen loss network (a perceptual loss's VGG with BatchNorm) put in eval mode
+    `no_grad`; a soft prompt, a steering vector or an input optimised through a model in eval mode
+    whose parameters no optimizer trains (frozen by `p.requires_grad = False` after the eval(), or
+    just left out of the optimizer); a frozen loss network (a perceptual loss's VGG with BatchNorm) put in eval mode
     before its `requires_grad_(False)`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
     after `head.requires_grad_(True)`); a model with no BatchNorm or dropout (or whose
     `F.dropout` has p = 0 or a flag that stays on for sampling, `self.training or mc`); `model.training` read as an attribute; a
@@ -162,6 +164,11 @@ class TrainInEvalMode(Rule):
                 if (f.states.get(mid) or {}).get("frozen"):
                     continue  # its own parameters frozen when it ran, whether the freeze came
                     # before or after the eval(): a perceptual loss's VGG, a fixed backbone
+                if ((f.states.get(mid) or {}).get("model")
+                        or (tl.final_states.get(mid) or {}).get("model")):
+                    continue  # a dropout layer of a model no optimizer trains, the gradient
+                    # passing through it to something else: a steering vector, a soft prompt
+                    # or an input optimised through a frozen model kept in eval mode
                 group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
