@@ -233,3 +233,16 @@ def test_a_product_with_one_zero_factor_is_no_stop_of_both():
             (a * b).sum().backward()
             opt.step()
     assert not any("zero_factors" in s for e in rec.trace.of_kind("grad_stops") for s in e["stops"])
+
+
+def test_a_sparse_grad_that_is_not_finite_is_told_without_an_internal_error():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        opt.zero_grad()
+        (emb(torch.tensor([1, 2])).sum() * float("nan")).backward()
+        opt.step()
+    assert rec.internal_errors == 0 and not rec.trace.of_kind("internal_error")
+    begin = rec.trace.of_kind("step_begin")[-1]
+    assert begin["nonfinite"] and begin["norm_pids"] == begin["nonfinite"]

@@ -286,7 +286,10 @@ def _really_nonfinite(rec: Recorder, pid: int) -> bool:
     if grad is None:
         return False
     with torch.no_grad():
-        return not bool(torch.isfinite(local(grad)).all())
+        grad = local(grad)
+        if grad.is_sparse:  # an embedding's sparse grad: its values (isfinite has no sparse kernel)
+            grad = grad.coalesce()._values()
+        return not bool(torch.isfinite(grad).all())
 
 
 # What moves a parameter whose gradient is zero, per optimizer class (besides weight decay): a
