@@ -1164,7 +1164,8 @@ def _one_hot_pick(node):
         if logits is None or node.next_functions[1 - mine][0] is not None:
             continue
         target = saved(node, theirs)
-        if not isinstance(target, torch.Tensor) or target.dim() != 3 or target.requires_grad:
+        if not isinstance(target, torch.Tensor) or target.dim() != 3 or target.requires_grad \
+                or target.numel() > _TARGET_VALUES:
             continue
         ids = _class_ids(target.float() if not target.is_floating_point() else target)
         if ids is None:
