@@ -497,6 +497,14 @@ class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    up by each sample's label and multiplied into an unreduced cross_entropy by
                    the script (``w[y] * ce``; loc: the backward; instrument/handweights.py),
                    once — once per function (loc: the loss call)
+uniform_weight     fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits |
+                   binary_cross_entropy), value (float: every entry of the weight), numel (int:
+                   the weight's entries), classes (int: the loss's classes or outputs), positives
+                   (float | None: for a binary loss, the share of its targets above 0.5),
+                   pos_weight (bool: a binary loss was also given pos_weight): a loss's `weight`
+                   whose entries are all one value other than 1 at each of its first calls (a
+                   scalar `weight=` meant as pos_weight, class weights that came out equal): it
+                   only rescales the loss — once per function (loc: the loss call; an aside)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the hand-written
                    squared error" | "the hand-written absolute error": seen in the loss's
                    graph at a backward, loc: that backward's line), input_shape,
@@ -1759,6 +1767,12 @@ def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: 
                              "by_hand": by_hand}
 
 
+def uniform_weight(*, fn: str, value: float, numel: int, classes: int, positives: float | None,
+                   pos_weight: bool) -> Made:
+    return "uniform_weight", {"fn": fn, "value": value, "numel": numel, "classes": classes,
+                              "positives": positives, "pos_weight": pos_weight}
+
+
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
                    reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
@@ -2646,7 +2660,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
-    "class_weights": class_weights, "target_in_inputs": target_in_inputs,
+    "class_weights": class_weights, "uniform_weight": uniform_weight, "target_in_inputs": target_in_inputs,
     "ordinal_shifted": ordinal_shifted,
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "idle_detach": idle_detach,
@@ -2714,7 +2728,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "phase_hold", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",

@@ -58,3 +58,45 @@ def test_rows_compared_reads_a_loss_over_the_output_rows_pairwise():
     assert not _rows_compared(out.pow(2).sum(), out)
     assert not _rows_compared(torch.cdist(out[:3], out[:3]).sum(), out[:3])  # fewer than 4 rows
     assert not _rows_compared(torch.tensor(1.0), out)
+
+
+def test_logits_gathered_beside_their_logsumexp_are_a_log_likelihood():
+    ids = torch.randint(0, 7, (3, 5))
+    z = _logits()
+    nll = (torch.logsumexp(z, -1) - z.gather(-1, ids[..., None]).squeeze(-1)).sum()
+    found = _gathered_targets([nll], 8)
+    assert len(found) == 1 and torch.equal(found[0][0], ids)
+    assert _gathered_targets([z.gather(-1, ids[..., None]).sum()], 8) == []  # no normaliser: a score
+
+
+def test_the_log_of_a_softmax_gathered_is_a_log_likelihood():
+    ids = torch.randint(0, 7, (3, 5, 1))
+    loss = -_logits().softmax(-1).log().gather(2, ids).sum()
+    found = _gathered_targets([loss], 8)
+    assert len(found) == 1 and torch.equal(found[0][0], ids.squeeze(-1))
+
+
+def test_a_one_hot_times_log_probabilities_gives_its_classes():
+    ids = torch.randint(0, 7, (3, 5))
+    logp = _logits().log_softmax(-1)
+    for loss in (-(logp * torch.nn.functional.one_hot(ids, 7)).sum(),
+                 -(torch.nn.functional.one_hot(ids, 7).float() * logp).sum()):
+        found = _gathered_targets([loss], 8)
+        assert len(found) == 1 and torch.equal(found[0][0], ids)
+    weights = torch.rand(3, 5, 1)  # a per-position weight, not a distribution over the classes
+    assert _gathered_targets([(logp * weights).sum()], 8) == []
+    two = torch.zeros(3, 5, 7)
+    two[..., :2] = 0.5  # no top class
+    assert _gathered_targets([(logp * two).sum()], 8) == []
+
+
+def test_every_dimension_indexed_picks_the_tokens():
+    ids = torch.randint(0, 7, (3, 5))
+    probs = _logits().softmax(-1)
+    picked = probs[torch.arange(3)[:, None], torch.arange(5)[None, :], ids]
+    found = _gathered_targets([-torch.log(picked).sum()], 8)
+    assert len(found) == 1 and torch.equal(found[0][0], ids)
+    shuffled = probs[torch.arange(3)[:, None], torch.arange(5).flip(0)[None, :], ids]
+    assert _gathered_targets([shuffled.sum()], 8) == []  # positions not read in order
+    raw = _logits()[torch.arange(3)[:, None], torch.arange(5)[None, :], ids]
+    assert _gathered_targets([raw.sum()], 8) == []  # neither probabilities nor log-probs

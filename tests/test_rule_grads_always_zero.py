@@ -190,3 +190,59 @@ def test_a_matmuls_weight_is_read_from_the_parameter_itself():
     out = x @ a.t()
     assert _parameter_all_zero(out.grad_fn) is False
     assert _parameter_all_zero((x @ (a * 2).t()).grad_fn) is None  # a computed weight: not read
+
+
+def test_two_zero_factors_multiplied_are_named_at_their_init(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nwith torch.no_grad():\n"
+                      "    users.weight.zero_()\n    items.weight.zero_()\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_loop(lambda i: [0.0] * 4, stops=("MulBackward0:zero_factors",), reached=PARAMS), SLUG)
+    assert f.location.line == 3 and "two factors that are both all zero" in f.message
+    assert "factor that is 0" not in f.message and "randomly" in f.fix
+
+
+def test_the_watcher_marks_a_product_of_two_zero_embeddings_sparse_or_dense():
+    for sparse in (True, False):
+        rec = Recorder(step_budget=None)
+        with Instrumentation(rec):
+            users = torch.nn.Embedding(20, 4, sparse=sparse)
+            items = torch.nn.Embedding(30, 4, sparse=sparse)
+            torch.nn.init.zeros_(users.weight)
+            torch.nn.init.zeros_(items.weight)
+            opt = torch.optim.SGD([users.weight, items.weight], lr=0.1)
+            for _ in range(3):
+                u, i = torch.randint(0, 20, (16,)), torch.randint(0, 30, (16,))
+                opt.zero_grad()
+                ((users(u) * items(i)).sum(-1) - 1.0).pow(2).mean().backward()
+                opt.step()
+        stops = rec.trace.of_kind("grad_stops")
+        assert stops and stops[0]["stops"] == ["MulBackward0:zero_factors"], sparse
+        norms = rec.trace.of_kind("step_begin")[-1]["norms"]
+        assert norms == [0.0, 0.0], sparse  # the sparse grads measured like the dense ones
+
+
+def test_a_product_with_one_zero_factor_is_no_stop_of_both():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        a = torch.nn.Parameter(torch.zeros(8))
+        b = torch.nn.Parameter(torch.randn(8))
+        opt = torch.optim.SGD([a, b], lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            (a * b).sum().backward()
+            opt.step()
+    assert not any("zero_factors" in s for e in rec.trace.of_kind("grad_stops") for s in e["stops"])
+
+
+def test_a_sparse_grad_that_is_not_finite_is_told_without_an_internal_error():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        opt.zero_grad()
+        (emb(torch.tensor([1, 2])).sum() * float("nan")).backward()
+        opt.step()
+    assert rec.internal_errors == 0 and not rec.trace.of_kind("internal_error")
+    begin = rec.trace.of_kind("step_begin")[-1]
+    assert begin["nonfinite"] and begin["norm_pids"] == begin["nonfinite"]

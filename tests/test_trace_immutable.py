@@ -29,6 +29,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py",
             "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py",
             "losses/bad_loss_input_softmax_module.py",  # loss_input
+            "losses/bad_class_weights_uniform_bce_scalar.py",  # uniform_weight
             "registration/bad_snapshot_best_state_sliced_batches.py",  # phase_hold
             "losses/bad_target_domain_soft_margin_zero_one.py",  # target_domain
             "zero_grad/bad_param_without_grad_head_under_no_grad.py",

@@ -1052,33 +1052,126 @@ def _rows_compared(tensors, out) -> bool:
 
 
 def _gathered_targets(tensors, room: int) -> list[tuple]:
-    """``(index, "gather", -100, None, logits' node)`` for each gather over a ``log_softmax``'s output along
-    its last dimension in the graph of the loss (a hand-written log-likelihood: the index holds
-    the tokens whose log-probabilities are summed), its trailing size-1 dimension dropped; CPU
-    indices only. The index is a saved value of the node, read without unpacking one saved
-    under saved-tensor hooks (``graphpaths.saved``); a graph of more than ``_GATHER_NODES``
-    nodes is not looked through."""
+    """``(index, "gather", -100, None, logits' node)`` for each token pick of a hand-written
+    log-likelihood in the graph of the loss: the tokens whose log-probabilities are summed. A
+    pick is a gather along the last dimension of a ``log_softmax``'s output, of a softmax's log
+    or of logits a ``logsumexp`` reads too (``logsumexp(z) - z.gather(...)``); integer indexing
+    of every dimension of such log-probs or probabilities (``p[arange(B)[:, None],
+    arange(T), y]``); a product of the log-probs with a one-hot (or smoothed) target
+    distribution (``-(logp * F.one_hot(y, V)).sum(-1)``), read as its rows' top classes. The
+    index is a saved value of the node, read without unpacking one saved under saved-tensor
+    hooks (``graphpaths.saved``); CPU values only; a graph of more than ``_GATHER_NODES`` nodes
+    is not looked through."""
     found: list[tuple] = []
     for tensor in tensors if isinstance(tensors, (list, tuple)) else (tensors,):
         root = getattr(tensor, "grad_fn", None)
         nodes = post_order(root, _GATHER_NODES) if root is not None else None
-        for node in nodes or ():
+        if not nodes:
+            continue
+        # the nodes a logsumexp reads: logits whose gathered entries are log-probs up to it
+        normalised = {id(n.next_functions[0][0]) for n in nodes
+                      if type(n).__name__ == "LogsumexpBackward0" and n.next_functions
+                      and n.next_functions[0][0] is not None}
+        for node in nodes:
             if len(found) >= room:
                 return found
-            if type(node).__name__ != "GatherBackward0" or not node.next_functions:
+            name = type(node).__name__
+            if name == "GatherBackward0":
+                picked = _gather_pick(node, normalised)
+            elif name == "IndexBackward0":
+                picked = _index_pick(node)
+            elif name == "MulBackward0":
+                picked = _one_hot_pick(node)
+            else:
                 continue
-            source = node.next_functions[0][0]
-            if source is None or type(source).__name__ != "LogSoftmaxBackward0":
-                continue
-            index, dim = saved(node, "_saved_index"), saved_dims(node)  # signed
-            if not isinstance(index, torch.Tensor) or index.device.type != "cpu" \
-                    or index.dim() < 2 or not isinstance(dim, int) or dim not in (-1, index.dim() - 1):
-                continue
-            if index.shape[-1] == 1:
-                index = index.squeeze(-1)
-            found.append((index, _GATHERED, -100, None, source.next_functions[0][0]
-                          if source.next_functions else None))
+            if picked is not None:
+                index, logits = picked
+                found.append((index, _GATHERED, -100, None, logits))
     return found
+
+
+def _log_probs_of(node, probabilities: bool = False):
+    """The node of the logits under ``node`` when ``node`` makes log-probabilities of them
+    (``log_softmax``, the log of a ``softmax``), or probabilities (a ``softmax``) when
+    ``probabilities``; else None."""
+    if node is None or not node.next_functions:
+        return None
+    name = type(node).__name__
+    if name == "LogSoftmaxBackward0" or (probabilities and name == "SoftmaxBackward0"):
+        return node.next_functions[0][0]
+    if name == "LogBackward0":
+        below = node.next_functions[0][0]
+        if below is not None and type(below).__name__ == "SoftmaxBackward0" and below.next_functions:
+            return below.next_functions[0][0]
+    return None
+
+
+def _gather_pick(node, normalised: set):
+    if not node.next_functions:
+        return None
+    source = node.next_functions[0][0]
+    if source is None:
+        return None
+    logits = _log_probs_of(source)
+    if logits is None:
+        if id(source) not in normalised:
+            return None
+        logits = source
+    index, dim = saved(node, "_saved_index"), saved_dims(node)  # signed
+    if not isinstance(index, torch.Tensor) or index.device.type != "cpu" \
+            or index.dim() < 2 or not isinstance(dim, int) or dim not in (-1, index.dim() - 1):
+        return None
+    if index.shape[-1] == 1:
+        index = index.squeeze(-1)
+    return index, logits
+
+
+def _index_pick(node):
+    """``p[arange(B)[:, None], arange(T), y]`` over (B, T, V) log-probs or probabilities: ``y``
+    broadcast to (B, T), when the first indices are the batch's and the positions' own."""
+    if not node.next_functions:
+        return None
+    logits = _log_probs_of(node.next_functions[0][0], probabilities=True)
+    sizes = saved(node, "_saved_self_sym_sizes")
+    indices = saved(node, "_saved_indices")
+    if logits is None or not isinstance(sizes, tuple) or len(sizes) != 3 \
+            or not isinstance(indices, (tuple, list)) or len(indices) != 3:
+        return None
+    if not all(isinstance(i, torch.Tensor) and i.device.type == "cpu" and not i.is_floating_point()
+               and i.dtype != torch.bool for i in indices):
+        return None
+    try:
+        rows, positions, tokens = torch.broadcast_tensors(*indices)
+    except RuntimeError:
+        return None
+    if rows.dim() != 2 or int(rows.shape[0]) != int(sizes[0]):
+        return None
+    B, L = (int(n) for n in rows.shape)
+    with torch.no_grad():
+        if not bool((rows == torch.arange(B)[:, None]).all()) \
+                or not bool((positions == torch.arange(L)[None, :]).all()) or L != int(sizes[1]):
+            return None
+    return tokens, logits
+
+
+def _one_hot_pick(node):
+    """The top classes of the target distribution a (B, T, V) ``log_softmax`` output is
+    multiplied by (saved, without a gradient)."""
+    if len(node.next_functions) != 2:
+        return None
+    for mine, theirs in ((0, "_saved_other"), (1, "_saved_self")):
+        logits = _log_probs_of(node.next_functions[mine][0])
+        if logits is None or node.next_functions[1 - mine][0] is not None:
+            continue
+        target = saved(node, theirs)
+        if not isinstance(target, torch.Tensor) or target.dim() != 3 or target.requires_grad \
+                or target.numel() > _TARGET_VALUES:
+            continue
+        ids = _class_ids(target.float() if not target.is_floating_point() else target)
+        if ids is None:
+            continue
+        return ids.reshape(target.shape[:-1]), logits
+    return None
 
 
 _UNREAD = object()  # the loss reads the model's positions through an op the walk cannot follow

@@ -91,6 +91,10 @@ class GradStopWatcher:
         for node, inputs in relevant.items():
             saved = _WEIGHTS.get(node.name())
             zero: list = []  # a matmul's weight (then its input) all zero, read before the node frees them
+            if saved is None and node.name() == "MulBackward0" and len(inputs) == 2:
+                # a product of two factors that both lead to the parameters (matrix
+                # factorisation's user * item): both all zero, each one's gradient is the other
+                saved = _FACTORS
             if saved is not None:
                 self._handles.append(check_hook(node.register_prehook(_weight_check(node, saved, zero))))
             self._handles.append(check_hook(node.register_hook(_stop_hook(node, inputs, stops, zero))))
@@ -149,6 +153,7 @@ def _guarded(fn, rec):
 # that stops there because the weight is all zero (every layer initialised to 0) says so, and
 # so does one whose weight gets none because the layer's input is all zero (the data multiplied
 # by a mask of zeros, a tensor of zeros fed instead of the batch)
+_FACTORS = ("_saved_self", "_saved_other")  # a product's two factors, both read as "weights"
 _WEIGHTS = {"AddmmBackward0": ("_saved_mat2", "_saved_mat1"), "MmBackward0": ("_saved_mat2", "_saved_self"),
             "ConvolutionBackward0": ("_saved_weight", "_saved_input")}
 
@@ -214,7 +219,10 @@ def _stop_hook(node, inputs: tuple[int, ...], stops: list, zero: list):
             if any(_nonzero(g) for g in grad_outputs) and \
                     not any(_nonzero(grad_inputs[i]) for i in inputs if i < len(grad_inputs)):
                 weight, data = zero[-1] if zero else (None, None)
-                stops.append(f"{name}:zero_weights" if weight else f"{name}:zero_input" if data else name)
+                if len(inputs) == 2 and name == "MulBackward0":
+                    stops.append(f"{name}:zero_factors" if weight and data else name)
+                else:
+                    stops.append(f"{name}:zero_weights" if weight else f"{name}:zero_input" if data else name)
         except Exception:
             pass  # a diagnosis never breaks the backward
         return None

@@ -243,6 +243,10 @@ _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
              "binary_cross_entropy_with_logits": ("pos_weight", 6)}
 _ORDINAL_ROWS = 256  # cumulative target rows read (over 2 calls or more) before a first level
 # always on is judged: a rare lowest rank can miss one batch, not several
+# the losses whose `weight` (argument 2) rebalances the classes or outputs
+_UNIFORM_WEIGHTED = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits",
+                     "binary_cross_entropy")
+_UNIFORM_CALLS = 2  # calls whose weight is one value before it is told
 _WEIGHT_TARGETS = 64  # targets seen (summed over the first calls) before a weight is judged
 _WEIGHT_KEYS = 8  # weight tensors counted for, at most
 _WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smallest
@@ -361,6 +365,8 @@ class LossInputWatcher:
         self._last_ids = None  # the latest 2-D token batch embedded (first loss calls only)
         self._class_counts: dict[tuple, object] = {}  # (fn, weight's data_ptr, numel) -> targets per class
         self._weights_told: set[str] = set()
+        self._uniform_done: set[str] = set()  # functions whose weight was judged (or not uniform)
+        self._uniform_seen: dict[str, list] = {}  # fn -> [calls, value, positives, targets]
         self._ordinal_done = False  # the ordinal-levels check answered (or never applies)
         self._ordinal_rows = 0
         self._ordinal_calls = 0
@@ -407,6 +413,8 @@ class LossInputWatcher:
                     weight = args[_WEIGHTED[fn][1]] if len(args) > _WEIGHTED[fn][1] else kwargs.get(_WEIGHTED[fn][0])
                     if weight is not None:
                         watcher._class_weights(fn, input, target, weight, args, kwargs)
+                if fn in _UNIFORM_WEIGHTED and fn not in watcher._uniform_done:
+                    watcher._uniform_weight(fn, input, target, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -577,6 +585,60 @@ class LossInputWatcher:
             return
         self._weights_told.add(fn)
         self.rec.emit_aside(ev.class_weights(fn=fn, **found), self.rec.here())
+
+    def _uniform_weight(self, fn: str, input, target, args, kwargs) -> None:
+        """A ``uniform_weight`` aside when a loss's ``weight`` holds one value other than 1 at
+        each of its first ``_UNIFORM_CALLS`` calls: a scalar ``weight=`` given to a binary
+        cross-entropy whose positives are the minority (pos_weight meant), or class weights of
+        ``cross_entropy``/``nll_loss`` that are all equal. Either only rescales the loss."""
+        binary = fn.startswith("binary_")
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        if not isinstance(weight, torch.Tensor) or weight.numel() < 1 or weight.is_complex():
+            if weight is None:
+                return  # no weight at this call: nothing to read yet
+            self._uniform_done.add(fn)
+            return
+        if not self._reads_left(f"{fn}:uniform", weight):
+            self._uniform_done.add(fn)
+            return
+        with torch.no_grad():
+            flat = weight.detach().reshape(-1).double()
+            first = float(flat[0])
+            if not bool((flat == flat[0]).all()) or first == 1.0 or not math.isfinite(first) or first <= 0:
+                self._uniform_done.add(fn)
+                return
+            if binary:
+                if not isinstance(target, torch.Tensor) or not target.is_floating_point() \
+                        or target.numel() == 0:
+                    self._uniform_done.add(fn)
+                    return
+                positives = float((target.detach() > 0.5).double().sum())
+                classes = int(input.shape[-1]) if input.dim() > 1 else 1
+            else:
+                classes = int(input.shape[1]) if input.dim() > 1 else int(input.shape[0])
+                if weight.dim() != 1 or weight.numel() != classes or classes < 2:
+                    self._uniform_done.add(fn)
+                    return
+                positives = 0.0
+        seen = self._uniform_seen.get(fn)
+        if seen is not None and seen[1] != first:
+            self._uniform_done.add(fn)
+            return
+        if seen is None:
+            seen = self._uniform_seen[fn] = [0, first, 0.0, 0]
+        seen[0] += 1
+        seen[2] += positives
+        seen[3] += int(target.numel()) if binary else 0
+        if seen[0] < _UNIFORM_CALLS:
+            return
+        self._uniform_done.add(fn)
+        share = seen[2] / seen[3] if binary and seen[3] else None
+        pos_weight = args[6] if len(args) > 6 else kwargs.get("pos_weight")
+        if binary and (pos_weight is not None or share is None or share >= 0.5 or first < 1.0):
+            return  # a scale beside a pos_weight, or no minority to weigh up
+        self.rec.emit_aside(ev.uniform_weight(fn=fn, value=first, numel=int(weight.numel()),
+                                              classes=classes, positives=share,
+                                              pos_weight=pos_weight is not None), self.rec.here())
 
     def _ordinal_levels(self, fn: str, target, weight=None) -> None:
         """An ``ordinal_shifted`` aside, once, when a binary cross-entropy's 0/1 targets are a

@@ -56,7 +56,7 @@ class StepGrads:
     left the grads as they were, instead of reading them again)."""
 
     __slots__ = ("pids", "grads", "states", "versions", "without", "vouched", "owned",
-                 "known", "_by_device", "param_versions", "has")
+                 "known", "_by_device", "param_versions", "has", "_sparse")
 
     def __init__(self, pids, grads, states, without, vouched, by_device=None, versions=None,
                  owned=None, known: bool = False, param_versions=None, has=None):
@@ -73,6 +73,7 @@ class StepGrads:
         # ``GradState.after_step`` predicts the versions after the step from
         self.param_versions = param_versions
         self.has = has
+        self._sparse = False  # by_device left sparse grads out
 
     def untouched(self) -> bool:
         """Whether every grad is still at the version read before the step (a pass over them)."""
@@ -87,9 +88,24 @@ class StepGrads:
                 self._by_device = {}
             elif any(map(_is_sparse, grads)) or len(set(map(_device, grads))) != 1:
                 self._by_device = _group(self.pids, grads)
+                self._sparse = any(map(_is_sparse, grads))
             else:
                 self._by_device = {grads[0].device: (self.pids, grads)}
         return self._by_device
+
+    def sparse_norms(self) -> tuple[list[int], list[float]]:
+        """``(pids, norms)`` of the sparse grads ``by_device`` left out (an ``nn.Embedding(...,
+        sparse=True)``'s), each the norm of its coalesced values (one host read in all); empty
+        lists when there are none."""
+        if self._by_device is None:
+            self.by_device()
+        if not self._sparse:
+            return [], []
+        pids = [pid for pid, grad in zip(self.pids, self.grads) if grad.is_sparse]
+        with torch.no_grad():
+            values = [grad.coalesce()._values().detach().float().norm().cpu()
+                      for grad in self.grads if grad.is_sparse]
+            return pids, torch.stack(values).tolist() if values else []
 
 
 def _group(pids, grads) -> dict:
@@ -270,7 +286,10 @@ def _really_nonfinite(rec: Recorder, pid: int) -> bool:
     if grad is None:
         return False
     with torch.no_grad():
-        return not bool(torch.isfinite(local(grad)).all())
+        grad = local(grad)
+        if grad.is_sparse:  # an embedding's sparse grad: its values (isfinite has no sparse kernel)
+            grad = grad.coalesce()._values()
+        return not bool(torch.isfinite(grad).all())
 
 
 # What moves a parameter whose gradient is zero, per optimizer class (besides weight decay): a
@@ -844,6 +863,9 @@ class OptimizerWatcher:
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
                     norm_pids, norms = norms_by_device(read.by_device())
+                    sparse_pids, sparse_norms = read.sparse_norms()
+                    if sparse_pids:  # an embedding's sparse grad: its own norm, measured alike
+                        norm_pids, norms = norm_pids + sparse_pids, norms + sparse_norms
                     if not all(map(math.isfinite, norms)):
                         nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                      if not math.isfinite(n) and _really_nonfinite(rec, pid)]

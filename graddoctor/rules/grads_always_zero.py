@@ -33,6 +33,9 @@ _KINDS = {
     "ZeroWeights": ("zero_weights", ("zeros_", "constant_", "zero_", "fill_")),
     # nor reach the weights of a layer whose input is all zero: found by the layer's own call
     "ZeroInput": ("zero_input", ()),
+    # nor either factor of a product of two that are both all zero (two embeddings initialised
+    # to 0 whose lookups are multiplied): each one's gradient is the other
+    "ZeroFactors": ("zero_factors", ("zeros_", "constant_", "zero_", "fill_")),
 }
 
 
@@ -46,6 +49,8 @@ def _op(node_name: str) -> str:
         return "ZeroWeights"
     if node_name.endswith(":zero_input"):
         return "ZeroInput"
+    if node_name.endswith(":zero_factors"):
+        return "ZeroFactors"
     return node_name.split("Backward", 1)[0]
 
 
@@ -102,7 +107,9 @@ class GradsAlwaysZero(Rule):
     bidirectional LSTM keeps only one direction), a softmax over a dimension of length 1 (attention
     pooling over `(B, T, 1)` scores with `dim=-1`: always 1; `cross_entropy` over one logit per
     sample, whose loss is 0 for every input), a layer whose weights are all zero (every layer
-    initialised with `nn.init.zeros_`), a layer whose input is all zero at every update (the data
+    initialised with `nn.init.zeros_`; an embedding, sparse or dense, at zero under a layer at
+    zero), a product of two factors that are both all zero (matrix factorisation's user and item
+    embeddings both initialised to 0: each one's gradient is the other), a layer whose input is all zero at every update (the data
     multiplied by a mask of zeros, a placeholder tensor fed instead of the batch: its weights get
     nothing and its output ignores the data). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
@@ -254,7 +261,7 @@ class GradsAlwaysZero(Rule):
             calls = _containers(a, pids)
             if not calls or not self._call_site(a, event, calls)[0]:
                 calls = _roots(a, pids)
-        loc, call_text = self._call_site(a, event, calls, prefer="weight" if how == "zero_weights" else None)
+        loc, call_text = self._call_site(a, event, calls, prefer="weight" if how in ("zero_weights", "zero_factors") else None)
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
             if assigned is not None:  # a factor of the loss that is 0
@@ -290,6 +297,11 @@ class GradsAlwaysZero(Rule):
                      f"only part of the output of {where} reaches the loss: the gradient stops at "
                      f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
+            "zero_factors": (f"the gradient stops at a product of two factors that are both all "
+                             f"zero (one of them initialised by {where}): "
+                             f"each factor's gradient is the other factor, so neither ever moves"
+                             if call_text else "the gradient stops at a product of two factors "
+                             "that are both all zero: each factor's gradient is the other"),
             "zero_input": (f"the input of {where if call_text else 'their layer'} is all zeros at "
                            f"every update, so no gradient reaches its weights and its output is "
                            f"the same for every sample: the data never gets there"),
@@ -331,6 +343,10 @@ class GradsAlwaysZero(Rule):
                      "use the whole output: for a bidirectional RNN's final state, both "
                      "directions (torch.cat([h_n[-2], h_n[-1]], dim=-1)); or remove the part "
                      "that is not used"),
+            "zero_factors": ("initialise the factors randomly (nn.init.normal_(weight, std=0.01) "
+                             "for embeddings): with both at zero, each one's gradient is a "
+                             "product with the other and stays zero; at most one of them may "
+                             "start at zero"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
                       "division such as `step // total`, a schedule that starts at 0 and stays)",
             "zero_input": ("give the layer the batch: look for what zeroes or replaces its input "

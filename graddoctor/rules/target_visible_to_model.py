@@ -37,8 +37,11 @@ class TargetVisibleToModel(Rule):
     to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
     after the next. graddoctor compares the loss's targets (or, in a hand-written
-    log-likelihood, the tokens a `gather` picks out of a `log_softmax`: DPO's and a policy's
-    sequence log-probs; or, for a label smoothing written by hand, the class each row of the
+    log-likelihood, the tokens a `gather` picks out of a `log_softmax`, out of a softmax's log
+    or out of logits a `logsumexp` normalises, the tokens integer indexing picks out of
+    probabilities (`p[arange(B)[:, None], arange(T), y]`), the classes of a one-hot multiplied
+    into the log-probs: DPO's and a policy's sequence log-probs, a next-token loss summed by
+    hand; or, for a label smoothing written by hand, the class each row of the
     smoothed distribution given to `kl_div` / `cross_entropy` puts its mass on, its zeroed
     padding rows ignored) with the ids the model embedded (a
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
