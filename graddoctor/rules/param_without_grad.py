@@ -303,10 +303,10 @@ class ParamWithoutGrad(Rule):
                     f"the value is only a weight or a target)")
         wiring = _stack_loop_miswired(a, cause) if discarded else None
         if wiring is not None:
-            kind, line, name, value = wiring
-            evidence["cause"] = "stack-" + kind
+            how, line, name, value = wiring
+            evidence["cause"] = "stack-" + how
             outer_path = str(cause.get("outer")[0][0])
-            if kind == "overwrite":
+            if how == "overwrite":
                 message = (f"{head}: the {module} that holds them runs in a loop over a stack of "
                            f"blocks, and each pass replaces `{name}` with `{value}` instead of "
                            f"adding to it, so only the last pass reaches the loss and the earlier "
