@@ -370,3 +370,45 @@ def test_a_generator_step_that_scores_detached_samples_is_pointed_at_its_own_det
     [f] = check(t)
     assert f.location.line == 20 and f.evidence["cause"] == "detached"
     assert "also detached at line 14" in f.message
+
+
+# -- a loop over a stack of blocks that drops what each pass hands on --------------------------
+
+class _Source:
+    def __init__(self, text):
+        import ast
+        self._tree = ast.parse(text)
+
+    def tree(self, path):
+        return self._tree
+
+
+class _A:
+    def __init__(self, text):
+        self.source = _Source(text)
+
+
+_STACK = """class Stack:
+    def forward(self, x):
+        residual, forecast = x, {init}
+        for block in self.blocks:
+            back, f = block({given})
+            residual = residual - back
+            forecast = {update}
+        return forecast
+"""
+
+
+@pytest.mark.parametrize("init, given, update, expected", [
+    ("0.0", "residual", "f", ("overwrite", 7, "forecast", "f")),
+    ("torch.zeros(4)", "residual", "f", ("overwrite", 7, "forecast", "f")),
+    ("0.0", "x", "forecast + f", ("dead", 5, "residual", "")),
+    ("0.0", "residual", "forecast + f", None),  # the reference stack
+    ("None", "residual", "f", None),  # the last block's output kept on purpose
+])
+def test_a_stack_loop_that_overwrites_its_sum_or_never_reads_its_residual(init, given, update, expected):
+    from graddoctor.rules.param_without_grad import _stack_loop_miswired
+
+    text = _STACK.format(init=init, given=given, update=update)
+    cause = {"outer": [["m.py", 5]]}
+    assert _stack_loop_miswired(_A(text), cause) == expected

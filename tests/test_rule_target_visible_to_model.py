@@ -430,3 +430,46 @@ def test_a_causal_mask_bound_to_none_in_the_loop_is_where_the_leak_is(tmp_path):
     # the keyword given no name
     script.write_text("y = m(s, t, tgt_mask=None)\n")
     assert _mask_set_to_none(Analysis(TraceBuilder(str(script)).trace), str(script), 1, "tgt_mask") is None
+
+
+# -- convolutions read by their window (seqcopy.py) ---------------------------------------------
+
+def test_a_conv_window_is_read_from_its_padding_and_dilation():
+    from graddoctor.instrument.seqcopy import _conv_window, reader_call
+
+    x = torch.randn(4, 1, 20)
+    padded = nn.Conv1d(1, 2, 3, padding=4, dilation=2)
+    assert _conv_window(padded, x) == (4, 2, 3, 1)
+    assert _conv_window(nn.Conv1d(1, 2, 5, padding="same"), x) == (2, 1, 5, 1)
+    assert _conv_window(nn.Conv1d(1, 2, 3, padding=1, padding_mode="circular"), x) is None
+
+    class LeftPadded(nn.Conv1d):  # its own forward pads another tensor than the call's
+        def forward(self, inp):
+            return super().forward(F.pad(inp, (2, 0)))
+
+    assert reader_call(LeftPadded(1, 2, 3), (x,), LeftPadded(1, 2, 3)(x)) is None
+    call = reader_call(padded, (x,), padded(x))
+    assert call["kind"] == "conv" and tuple(call["x"].shape) == (4, 20, 1)
+
+
+def test_a_conv_that_reads_the_step_of_its_target_copies_it():
+    from graddoctor.instrument.seqcopy import judge
+
+    shifted = [(t, t + 1) for t in range(19)]  # target t is input step t + 1, the last one absent
+    # a window reaching the step after its own position (cropped on the wrong side)
+    assert judge("conv", shifted, 0, 20, False, {0, 1, 2}, 2, 20) == 1
+    # a causal window (steps up to its own) does not
+    assert judge("conv", shifted, 0, 20, False, {0}, 0, 20) is None
+    # a target that is the input behind a left padding: a copy when read last, with earlier steps
+    padded = [(t, t + 3) for t in range(20)]
+    assert judge("conv", padded, 0, 20, False, {0, 1, 2, 3}, 3, 23) == 3
+    assert judge("conv", padded, 0, 20, False, {3, 4, 5, 6}, 6, 23) is None  # non-causal: a denoiser
+
+
+def test_a_target_that_is_the_input_reversed_is_a_reconstruction():
+    from graddoctor.instrument.seqcopy import judge
+
+    reversed_pairs = [(t, 9 - t) for t in range(10)]
+    assert judge("rnn", reversed_pairs, 0, 10, False, set(range(10)), 9, 10) is None
+    late = [(0, 9)]  # a forecaster whose window starts at the input's last step
+    assert judge("rnn", late, 0, 3, False, set(range(10)), 9, 10) == 9

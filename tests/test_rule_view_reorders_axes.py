@@ -22,6 +22,11 @@ SLUG = "view-reorders-axes"
     ((8, 12, 8, 8), (8, 64, 12)),  # a map viewed as tokens without flatten(2).transpose(1, 2)
     ((8, 64, 24), (8, 24, 8, 8)),  # tokens put back on a grid without their transpose
     ((16, 4, 10, 8), (16, 10, 32)),  # heads merged without transpose(1, 2)
+    # channels folded into the batch without their permute: a regrouping only by the
+    # coincidence that C divides L
+    ((16, 48, 3), (48, 48)),
+    ((32, 336, 7), (224, 336)),
+    ((8, 64, 4, 16), (32, 64, 16)),  # heads folded into the batch without transpose(1, 2)
 ])
 def test_reorderings_are_suspect(shape_in, shape_out):
     assert reordered(shape_in, shape_out)

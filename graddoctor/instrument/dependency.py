@@ -105,7 +105,7 @@ _TARGET_VALUES = 1 << 22  # values of a target distribution read as class ids, a
 _MATCH = 0.9  # share of the positions a target shift must match
 _MIN_POSITIONS = 8
 _READER_CALLS = 256  # calls of recurrent and linear layers on data kept per forward (seqcopy.py)
-_READERS = (nn.RNNBase, nn.RNNCellBase, nn.Linear)
+_READERS = (nn.RNNBase, nn.RNNCellBase, nn.Linear, nn.Conv1d)
 _TINY = 1e-6  # a gradient below this share of the largest one counts as zero
 
 LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -579,7 +579,12 @@ class DependencyWatcher:
             found = []
             for line in lines:
                 x = torch.cat([c["x"] for c in line], 1) if len(line) > 1 else line[0]["x"]
-                laid = seqcopy.target_layout(target, int(x.shape[0]), int(x.shape[2]))
+                f = int(x.shape[2])
+                if line[0]["kind"] == "conv" and target.dim() == 3 and f > 1 \
+                        and int(target.shape[0]) == int(x.shape[0]) and int(target.shape[1]) == f:
+                    laid = (target.transpose(1, 2), "channels")  # (batch, channels, steps)
+                else:
+                    laid = seqcopy.target_layout(target, int(x.shape[0]), f)
                 if laid is None:
                     continue
                 y, seq_first = laid
@@ -598,7 +603,11 @@ class DependencyWatcher:
         B, P, f = (int(n) for n in shape)
         found = [c for c in found if tuple(c[1]) == tuple(shape) and c[2] == seq_first]
         t = (P - 1) // 2 if any(c[4] for c in found) else min(tt for c in found for tt, _ in c[3])
-        if seq_first:
+        if seq_first == "channels":
+            if out.dim() != 3 or int(out.shape[0]) != B:
+                return
+            laid_out = out.transpose(1, 2)
+        elif seq_first:
             if out.dim() < 2 or int(out.shape[1]) != B:
                 return
             laid_out = out.transpose(0, 1)
@@ -645,6 +654,7 @@ class DependencyWatcher:
             copy = {"reader": type(line[0]["module"]).__name__, "kind": kind, "t": t, "s": s,
                     "positions": P, "steps": sum(int(c["x"].shape[1]) for c in line),
                     "whole": whole, "calls": len(line), "input": given, "fn": fn,
+                    "reads_after": last is not None and last > s,
                     "read_at": [call_at.path, call_at.line, call_at.function] if call_at is not None else None,
                     "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
             rec.emit_aside(ev.dependency(

@@ -73,6 +73,14 @@ def reader_call(module, args, output) -> dict | None:
         h = output[0] if isinstance(output, tuple) else output
         return {"module": module, "kind": "rnn", "x": x.unsqueeze(1), "seq": None,
                 "seq_first": False, "state": h, "cell": True}
+    if isinstance(module, nn.Conv1d) and isinstance(output, torch.Tensor) \
+            and type(module).forward is nn.Conv1d.forward:
+        # a subclass's own forward (a causal conv padding its input first) reads another tensor
+        window = _conv_window(module, x)
+        if window is None or output.dim() != 3:
+            return None
+        return {"module": module, "kind": "conv", "x": x.transpose(1, 2), "seq": output,
+                "seq_first": False, "state": None, "window": window}
     if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
         if x.dim() == 2:
             return {"module": module, "kind": "dense", "x": x.unsqueeze(-1), "seq": None,
@@ -81,6 +89,23 @@ def reader_call(module, args, output) -> dict | None:
             return {"module": module, "kind": "steps", "x": x, "seq": output,
                     "seq_first": False, "state": None}
     return None
+
+
+def _conv_window(module, x):
+    """``(left, dilation, kernel, stride)`` of a batched ``Conv1d`` call with zero padding:
+    output position j reads input steps ``j * stride - left + i * dilation``; None for another
+    padding mode (circular and reflected padding read steps from the other end)."""
+    if x.dim() != 3 or module.padding_mode != "zeros":
+        return None
+    k, d, st = int(module.kernel_size[0]), int(module.dilation[0]), int(module.stride[0])
+    pad = module.padding
+    if pad == "same":
+        left = d * (k - 1) // 2
+    elif pad == "valid":
+        left = 0
+    else:
+        left = int(pad[0])
+    return left, d, k, st
 
 
 def _grad_tensors(call) -> list:
@@ -164,6 +189,15 @@ def read_steps(line: list, grads: dict, r: int) -> tuple[set, int | None]:
         T = int(call["x"].shape[1])
         seq, state = call["seq"], call["state"]
         g = grads.get(id(seq)) if isinstance(seq, torch.Tensor) else None
+        if g is not None and call["kind"] == "conv":
+            left, d, k, st = call["window"]
+            if g.dim() == 3 and 0 <= r < int(g.shape[0]):
+                per = g[r].detach().abs().amax(0)
+                for j in (per > floor).nonzero().flatten().tolist():
+                    read.update(offset + s for s in (j * st - left + i * d for i in range(k))
+                                if 0 <= s < T)
+            offset += T
+            continue
         if g is not None:
             g = g.detach()
             g = g.transpose(0, 1) if call["seq_first"] else g
@@ -195,6 +229,19 @@ def judge(kind: str, pairs: list, t: int, positions: int, whole: bool, read: set
     if not at_t:
         return None
     matched = {tt for tt, _ in pairs}
+    if not whole and positions == steps and len(matched) == positions \
+            and len({s for _, s in pairs}) == positions:
+        return None  # the whole input reordered (an autoencoder trained on the reversed series)
+    if kind == "conv" and not whole:
+        # a convolution reads its window directly, no memory between: a target step inside the
+        # window of the prediction's own position is in view, unless the target is (part of)
+        # the input itself
+        if len(matched) == positions:
+            # the target is the input (behind a padding that shifts its steps): a copy when the
+            # prediction reads its own step last and earlier ones too (a causal model trained
+            # on unshifted targets); a reconstruction otherwise
+            return next((s for s in at_t if s == last and any(p < s for p in read)), None)
+        return next((s for s in at_t if s in read), None)
     if kind in ("dense", "bi"):
         # every step is in view: a copy unless the target is (part of) the input itself
         if len(matched) == positions:

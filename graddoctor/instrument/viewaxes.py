@@ -116,14 +116,37 @@ def reordered(shape_in, shape_out) -> bool:
         return False
     if sorted(a) == sorted(b):
         return True  # (B, T, C) -> (B, C, T)
-    if _merges_to(a, b) or _merges_to(b, a) or _regroups(a, b):
-        return False  # a split, a merge or a regrouping in memory order: what view is for
+    if _merges_to(a, b) or _merges_to(b, a):
+        return False  # a split or a merge in memory order: what view is for
+    if _regroups(a, b):
+        # a regrouping in memory order is what view is for, unless the new sizes are whole
+        # axes of the old shape merged in another order: (B, L, C) -> (B * C, L) regroups only
+        # by the coincidence that C divides L (a channel-independent model's reshape without
+        # its permute), and (B, T, H, d) -> (B * H, T, d) only when H divides T
+        return _axis_merged_into_batch(a, b)
     for small, large in ((a, b), (b, a)):
         if len(small) > len(large):
             continue
         for order in set(itertools.permutations(large)):
             if order != large and _merges_to(order, small):
                 return True
+    return False
+
+
+def _axis_merged_into_batch(a, b) -> bool:
+    """Whether ``b`` is ``a`` with one later axis, shorter than every axis it passes, moved next
+    to the first and merged with it: ``(B, L, C) -> (B * C, L)``, ``(B, T, H, d) -> (B * H, T,
+    d)``. The reading as a regrouping in memory order would cut the longer axes into pieces
+    exactly the short axis long; channel-first scores cut into rows of classes (``(N, C, T) ->
+    (N * T, C)``: the longer axis moved) are ``class_rows``', judged with the graph."""
+    if len(b) >= len(a) or not b or b[0] in _running(a):
+        return False
+    for j in range(2, len(a)):
+        if a[j] >= min(a[1:j]):
+            continue
+        order = (a[0], a[j]) + a[1:j] + a[j + 1:]
+        if b[0] == a[0] * a[j] and _merges_to(order, b):
+            return True
     return False
 
 

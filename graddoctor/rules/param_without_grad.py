@@ -65,6 +65,13 @@ class ParamWithoutGrad(Rule):
     does a module run inside another module's `forward` whose caller takes that forward's
     output through `.data` or `.detach()` (a tagger gathering its character LSTM's features with
     `torch.cat((char, self.char_lstm(w).data), 0)`), pointed at that line.
+    A module whose output is discarded inside a loop over a stack of blocks that drops what
+    each pass hands on is a warning too, read from the loop's source: a sum over the blocks
+    started at zero before the loop and returned after it, assigned the block's output instead
+    of added to it (`forecast = f` for `forecast = forecast + f`: only the last block's forecast
+    head trains), pointed at that assignment; a running value updated from the block's output
+    and from itself that nothing else reads (`residual = residual - backcast` while each block
+    is given the raw input: no backcast head trains), pointed at the block's call.
 
     ## Example
     ```python
@@ -87,7 +94,9 @@ class ParamWithoutGrad(Rule):
     forward's argument order (None where a gradient is needed): custom-backward-wrong names the
     `return` that drops them.
     An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
-    in `forward`): it holds no weight to train.
+    in `forward`): it holds no weight to train. A stack loop that adds each block's forecast
+    to its sum and hands each block the running residual (the last backcast unread), or that
+    keeps the last block's output from a start of `None` (info at most, as an unused head).
     The last bias of a net whose loss reads only its derivatives with respect to the inputs
     (`torch.autograd.grad(..., create_graph=True)`: a Hamiltonian net's energy, a PINN's
     solution): a constant offset no derivative sees.
@@ -292,6 +301,30 @@ class ParamWithoutGrad(Rule):
                 evidence=evidence,
                 fix=f"drop the .detach() from the term meant to train the {module} (keep it where "
                     f"the value is only a weight or a target)")
+        wiring = _stack_loop_miswired(a, cause) if discarded else None
+        if wiring is not None:
+            how, line, name, value = wiring
+            evidence["cause"] = "stack-" + how
+            outer_path = str(cause.get("outer")[0][0])
+            if how == "overwrite":
+                message = (f"{head}: the {module} that holds them runs in a loop over a stack of "
+                           f"blocks, and each pass replaces `{name}` with `{value}` instead of "
+                           f"adding to it, so only the last pass reaches the loss and the earlier "
+                           f"blocks' {module} never trains")
+                fix = f"accumulate over the passes: `{name} = {name} + {value}`"
+            else:
+                message = (f"{head}: the {module} that holds them runs in a loop over a stack of "
+                           f"blocks whose loop updates `{name}` from its output on every pass, "
+                           f"but nothing reads `{name}` (no block is given it): the value each "
+                           f"block passes on is dropped, so the {module} never trains and every "
+                           f"block sees the same input")
+                fix = (f"give each block the running `{name}` (`block({name})`), as the "
+                       f"residual stack means to")
+            return self.finding(
+                message, Location(outer_path, line),
+                related=(related(cause, f"the {module}'s forward"),
+                         related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence, fix=fix)
         if discarded:
             evidence["cause"] = "discarded"
             return self.finding(
@@ -447,6 +480,93 @@ def _discarded(a, cause, pids, trained) -> str | None:
 
 
 _INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _stack_loop_miswired(a, cause) -> tuple[str, int, str, str] | None:
+    """A loop over a stack of blocks (the idle module's caller, ``backcast, f = block(res)``)
+    that drops what each pass hands on: ``("overwrite", line, acc, value)`` when the loop
+    assigns ``acc = value`` from the call's result while ``acc`` starts at zero before the loop
+    and is read after it (a sum over the blocks overwritten: only the last pass counts);
+    ``("dead", call_line, carried, "")`` when the loop updates ``carried`` from the call's result
+    and from itself (``res = res - backcast``) but nothing else ever reads it (each block was
+    meant to be given it). None for anything else."""
+    outer = cause.get("outer") if cause is not None else None
+    if not outer:
+        return None
+    path, line = str(outer[0][0]), int(outer[0][1])
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    func = loop = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if func is None or node.lineno > func.lineno:
+                func = node
+    if func is None:
+        return None
+    for node in ast.walk(func):
+        if isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno):
+            if loop is None or node.lineno > loop.lineno:
+                loop = node
+    if loop is None:
+        return None
+    call_stmt = next((st for st in ast.walk(loop) if isinstance(st, ast.Assign)
+                      and st.lineno == line and isinstance(st.value, ast.Call)), None)
+    if call_stmt is None:
+        return None
+    results = {n.id for t in call_stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+    def loads(node):
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+    end = loop.end_lineno or loop.lineno
+    for st in ast.walk(loop):
+        if not isinstance(st, ast.Assign) or len(st.targets) != 1 \
+                or not isinstance(st.targets[0], ast.Name) or st is call_stmt:
+            continue
+        name, read = st.targets[0].id, loads(st.value)
+        if not read & results:
+            continue
+        if name not in read:
+            before = any(isinstance(n, ast.Assign) and n.lineno < loop.lineno
+                         and any(bound == name and _zero(value) for bound, value in _bindings(n))
+                         for n in ast.walk(func))
+            after = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                        and n.lineno > end for n in ast.walk(func))
+            if before and after and len(read & results) == 1:
+                return "overwrite", st.lineno, name, next(iter(read & results))
+        else:
+            others = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
+                      and isinstance(n.ctx, ast.Load)
+                      and not (st.lineno <= n.lineno <= (st.end_lineno or st.lineno))]
+            if not others:
+                return "dead", line, name, ""
+    return None
+
+
+def _bindings(assign: ast.Assign):
+    """``(name, value)`` of an assignment's plain names, tuples unpacked element by element."""
+    for target in assign.targets:
+        if isinstance(target, ast.Name):
+            yield target.id, assign.value
+        elif isinstance(target, ast.Tuple) and isinstance(assign.value, ast.Tuple) \
+                and len(target.elts) == len(assign.value.elts):
+            for t, v in zip(target.elts, assign.value.elts):
+                if isinstance(t, ast.Name):
+                    yield t.id, v
+
+
+def _zero(node) -> bool:
+    """An accumulator's start: ``0``, ``0.0``, ``torch.zeros(...)``, ``x.new_zeros(...)``,
+    ``torch.zeros_like(...)``."""
+    if isinstance(node, ast.Constant):
+        return node.value == 0 and not isinstance(node.value, bool)
+    if isinstance(node, ast.Call):
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        return name in ("zeros", "zeros_like", "new_zeros")
+    return False
 
 
 def _differentiated_away(a, pids, trained) -> bool:

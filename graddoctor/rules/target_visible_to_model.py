@@ -72,7 +72,13 @@ class TargetVisibleToModel(Rule):
     It is reported where the decoder's input is built when that input is not the model's first
     one (at the decoder's own call when the target's slice is written in it: `self.cell(tgt[:,
     k] if tgt is not None else prev, h)`), else where the target is built in the loop (else at
-    the loss call).
+    the loss call). A `Conv1d` reading the data is judged by its window (its padding,
+    dilation and stride give the steps each output position reads): a convolution whose window
+    at the target's position covers the target's step and steps after it is not causal (a TCN
+    that crops `x[:, :, pad:]` instead of `x[:, :, :-pad]`, a `"same"`-padded stack trained on
+    the next step), reported at the crop that keeps the future side when the forward has one,
+    else at the convolution's call; a causal convolution trained on the input itself (behind a
+    left padding or not) copies its own step, reported where the target is built.
 
     ## Why is this bad?
     The loss drops to almost nothing because the answer is in the input: the model learns to
@@ -122,7 +128,12 @@ class TargetVisibleToModel(Rule):
     a step read long before), masked reconstruction (the hidden steps are not in the input, the others at their own place), a
     residual forecaster predicting the change, an unrolled rollout whose target at step `k`
     is read at `t0 + k + 1` (or from a targets array already shifted by one), a one-value target a dense layer reads (the
-    table's case above), models whose first layers are convolutions or attention (not judged).
+    table's case above), an autoencoder trained to reconstruct its input in reverse order
+    (every target step is an input step, reordered), a causal convolution (padded on the left,
+    or padded by (k - 1) * dilation and cropped on the right) trained on the next step, a
+    non-causal convolutional denoiser whose target is the clean series at its own positions, a
+    `Conv1d` subclass whose own forward pads its input (not judged), models whose first layers
+    are attention (not judged).
     """
 
     code = "GD244"
@@ -335,6 +346,8 @@ class TargetVisibleToModel(Rule):
                    f"model can copy its target from its input. The loss falls fast because the "
                    f"answer is in the input; at inference, where the value is not known yet, "
                    f"the forecasts are no better than repeating the last input")
+        if reads == "conv" and not copy.get("whole") and copy.get("reads_after"):
+            return self._conv_sees_target(a, e, copy, loss_loc)
         if copy.get("whole"):
             message = (f"the loss's target is the very sequence the {reader} of {model} reads, "
                        f"position for position ({P} steps), and {model} is causal: its "
@@ -371,6 +384,36 @@ class TargetVisibleToModel(Rule):
             evidence={"model": model, "position": t, "input_step": s, "positions": P,
                       "steps": steps, "reader": reader, "whole": bool(copy.get("whole")),
                       "sees_later_positions": reads in ("dense", "bi")},
+            fix=fix)
+
+    def _conv_sees_target(self, a, e, copy, loss_loc):
+        """A convolution whose window at the target's position covers the target's step and
+        steps after it: it is not causal."""
+        model, t, s, reader = e["model"], copy["t"], copy["s"], copy["reader"]
+        read_at = copy.get("read_at")
+        message = (f"target position {t} of the loss holds, in every sample, exactly the values "
+                   f"{model} is given at step {s} of the input of its {reader}, and the "
+                   f"{reader}'s window at position {t} covers that step and steps after it: the "
+                   f"convolution is not causal (its padding or cropping keeps the future side), "
+                   f"so the model can read its target from its input. The loss falls fast "
+                   f"because the answer is in the input; at inference, where the value is not "
+                   f"known yet, the forecasts are no better than repeating the last input")
+        loc, fix = loss_loc, ("make the convolution causal: pad only the left side "
+                              "(`F.pad(x, ((k - 1) * dilation, 0))` with padding=0), or crop the "
+                              "right end of a conv padded by (k - 1) * dilation")
+        if read_at is not None:
+            crop = _crop_keeping_end(a, str(read_at[0]))
+            if crop is not None:
+                loc = Location(str(read_at[0]), crop, None)
+                fix = ("crop the padding off the right end: a Conv1d padded by (k - 1) * "
+                       "dilation keeps its first L outputs (`x[:, :, :-pad]`), not its last")
+            else:
+                loc = Location(str(read_at[0]), int(read_at[1]), str(read_at[2]))
+        return self.finding(
+            message, loc,
+            evidence={"model": model, "position": t, "input_step": s,
+                      "positions": copy["positions"], "steps": copy["steps"], "reader": reader,
+                      "whole": False, "sees_later_positions": True},
             fix=fix)
 
     def _shifted_twice(self, a, e, seq, loc):
@@ -462,6 +505,31 @@ def _gather_line(a, loc: Location) -> int | None:
         if "gather(" in text:
             return line
     return None
+
+
+def _crop_keeping_end(a, path: str) -> int | None:
+    """The line of the one slice in a ``forward`` of the file that drops the first steps of the
+    last axis and keeps the rest (``x[:, :, self.chomp_size:]``, ``x[..., pad:]``): the crop a
+    causal convolution makes on the wrong side."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or fn.name != "forward":
+            continue
+        for n in ast.walk(fn):
+            if not isinstance(n, ast.Subscript) or not isinstance(n.slice, ast.Tuple):
+                continue
+            *lead, last = n.slice.elts
+            if not lead or not isinstance(last, ast.Slice) or last.lower is None \
+                    or last.upper is not None or last.step is not None:
+                continue
+            if all((isinstance(x, ast.Slice) and x.lower is None and x.upper is None
+                    and x.step is None) or (isinstance(x, ast.Constant) and x.value is Ellipsis)
+                   for x in lead):
+                found.append(n.lineno)
+    return found[0] if len(set(found)) == 1 else None
 
 
 def _reads_slice(a, path: str, line: int) -> bool:

@@ -96,7 +96,11 @@ class ViewReordersAxes(Rule):
     laid out for the model in the training loop (`clips.reshape(N, C, T, H, W)` of (N, T, C, H,
     W) clips for a `Conv3d`) has no view node in the graph: it counts when a node of the loss's
     graph (a convolution, a Linear's product, an elementwise product) saved that very tensor
-    as its input.
+    as its input. A regrouping in memory order stays silent, unless its sizes are one later
+    axis, shorter than the axes it passes, folded into the first: `x.reshape(B * C, L)` of a
+    (B, L, C) window (a channel-independent forecaster that forgot its `permute(0, 2, 1)`),
+    `q.reshape(B * H, T, d)` of (B, T, H, d); read as a regrouping, those would cut the longer
+    axes into pieces exactly the short axis long.
 
     It also finds channel-first scores flattened into rows of classes without moving the classes
     last: `logits.reshape(-1, C)` of a segmentation network's (N, C, H, W) output (or a frame
@@ -131,7 +135,8 @@ class ViewReordersAxes(Rule):
     Splits and merges of whole axes in memory order (heads split `view(B, T, H, D)` and merged
     after `transpose(1, 2)`, `flatten`, `view(B, -1)`); a reshape after the right `permute`
     (`permute(0, 2, 3, 1).contiguous().view(B, -1, 4)`); frame stacking `reshape(B, T // k, k * C)`
-    (a split and a merge in order); axes of length 1 moved (they hold no order); reshapes of data
+    (a split and a merge in order); channels folded into the batch after their move
+    (`x.permute(0, 2, 1).reshape(B * C, L)`); axes of length 1 moved (they hold no order); reshapes of data
     that needs no gradient outside a forward that no layer of the loss's graph reads as it is
     (a copy for a plot, a value normalised before the model); reshapes in libraries' own code,
     or not reaching the loss; Transformer-XL's
@@ -202,9 +207,10 @@ class ViewReordersAxes(Rule):
                     f"move the class axis last before flattening: scores.movedim(1, -1)"
                     f".reshape(-1, {classes}) (or give the loss the (N, C, ...) scores unflattened)")
                 continue
+            same = sorted(x for x in shape_in if x != 1) == sorted(x for x in shape_out if x != 1)
+            how = "the same sizes in another order" if same else "its axes merged in another order"
             yield self.finding(
-                f"{written} turns a tensor of shape {shape_in} into {shape_out}: the same sizes "
-                f"in another order, but view/reshape moves no element, it cuts the memory order "
+                f"{written} turns a tensor of shape {shape_in} into {shape_out}: {how}, but view/reshape moves no element, it cuts the memory order "
                 f"into new rows. Each sample's values are scrambled across its axes (what lands "
                 f"on one axis is a run of consecutive elements of the old layout), so "
                 f"{a.names(pids)} train on mixed-up positions and features. Nothing fails "
