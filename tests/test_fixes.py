@@ -95,6 +95,12 @@ NO_EDIT = {
     # an optimizer built over another optimizer's parameters: whose parameters it was meant for,
     # at which lr, is a person's call
     "bad_param_not_in_optimizer_twin_actor_critic.py",
+    # an eval() undone by a train() after the training forward: move the train() before the
+    # forward, or drop the eval(), depends on what the eval() was for
+    "bad_eval_undone_after_training_forward.py",
+    # a model meant to stay fixed under a soft prompt but handed to the optimizer: whether to
+    # take it out of the optimizer or train it in train mode is a person's call
+    "bad_train_in_eval_prompt_and_model_tuned.py",
 }
 
 
