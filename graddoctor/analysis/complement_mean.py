@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from .source import _parse, walk
+from .source import _parse, scope_walk, walk
 
 
 def _text(node: ast.AST) -> str:
@@ -110,16 +110,8 @@ def _scopes(tree: ast.AST):
 
 
 def _own_nodes(scope: ast.AST):
-    out = []
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        out.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
-    return out
+    """The nodes of ``scope`` in source order, nested functions and classes left out."""
+    return sorted(scope_walk(scope), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
 def complement_masked_means(path: str) -> list[tuple[int, str, str]]:

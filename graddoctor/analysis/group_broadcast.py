@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 
-from .source import _parse, walk
+from .source import _parse, scope_walk, walk
 
 _REDUCTIONS = frozenset({"mean", "std", "var", "sum", "max", "min", "amax", "amin", "median",
                          "logsumexp", "nanmean", "nansum"})
@@ -122,16 +122,7 @@ def _scopes(tree: ast.AST):
 
 def _own_nodes(scope: ast.AST):
     """The nodes of ``scope`` in source order, nested functions and classes left out."""
-    out = []
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        out.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
-    return out
+    return sorted(scope_walk(scope), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
 def _side_is(node: ast.AST, text: str) -> bool:

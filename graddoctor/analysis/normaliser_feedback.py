@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 
 from .source import _parse, walk
+from .source import scope_walk as _own_nodes
 
 _UPDATES = frozenset({"update", "push", "update_stats", "update_from_moments"})
 _STATS = frozenset({"mean", "var", "std", "mu", "sigma", "running_mean", "running_var"})
@@ -32,17 +33,6 @@ def _scopes(tree: ast.AST):
     for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of ``scope`` outside the functions and classes nested in it."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        todo.extend(ast.iter_child_nodes(node))
 
 
 def normaliser_fed_own_output(path: str) -> list[tuple[int, str, str, int | None]]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from ..analysis.source import scope_walk as _own_nodes
 from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import _enclosing_function
@@ -21,17 +22,6 @@ def _unreduced_call(value: ast.AST) -> bool:
         return False
     return any(k.arg == "reduction" and isinstance(k.value, ast.Constant)
                and k.value.value == "none" for k in value.keywords)
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of a function or module, not those of the functions and classes it defines."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        todo.extend(ast.iter_child_nodes(node))
 
 
 def weighting_lines(tree: ast.AST) -> list[tuple[int, str]]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from ..analysis.source import scope_walk as _own_nodes
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -190,17 +191,6 @@ def _scopes(tree: ast.AST):
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of ``scope`` outside the functions and classes nested in it."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def clamped_label_losses(tree: ast.AST) -> list[dict]:
