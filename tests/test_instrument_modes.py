@@ -284,6 +284,26 @@ def test_torch_jit_script_of_batchnorm_and_dropout_models_works_under_instrument
         assert torch.equal(scripted(x), expected)
 
 
+def test_torch_jit_script_of_a_function_calling_a_watched_builtin_works_under_instrumentation():
+    """A wrapped builtin (``torch.where``) is a Python function JIT's table of builtins did not
+    know: scripting code that calls it (``torch.distributed.optim`` scripts its functional
+    optimizers at import, so ``import ignite`` did) tried to compile the wrapper from source and
+    failed ("got builtin_function_or_method"). The wrapper is entered under the builtin's op for
+    the check, and leaves the table when it ends."""
+    from torch.jit import _builtins
+
+    def positive_sum(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, x, torch.zeros_like(x)).sum()
+
+    table = _builtins._get_builtin_table()
+    with Instrumentation(Recorder(step_budget=None)):
+        wrapper = torch.where
+        assert getattr(wrapper, "__wrapped__", None) is not None  # watched during the check
+        scripted = torch.jit.script(positive_sum)
+        assert scripted(torch.tensor([-1.0, 2.0, 3.0])).item() == 5.0
+    assert id(wrapper) not in table and table.get(id(torch.where)) == "aten::where"
+
+
 # -- models run with dropout in train mode under no_grad: frozen teachers and EMA copies ---------
 def distill(update=None, steps=6, wrap=False, optimizer=True):
     """A distillation loop under the instrumentation: a teacher with dropout in train mode makes

@@ -23,7 +23,7 @@ import types
 
 import torch
 
-from .patcher import on_covered, per_check, stand_in
+from .patcher import alias_for_jit as _alias_for_jit, on_covered, per_check, stand_in
 
 _SOURCE = """
 def make(before, original, is_compiling, transform):
@@ -164,7 +164,7 @@ def watched(original, before):
             befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(original)(_own_code(wrapper))
     _mark(wrapper, befores, function)
-    return wrapper
+    return _alias_for_jit(wrapper, function)
 
 
 def watched_result(original, after):
@@ -172,7 +172,7 @@ def watched_result(original, after):
     see-through wrapper as ``watched``). ``after`` is graddoctor's own code and must not raise."""
     wrapper = _maker(_RESULT_CODE, original)(after, original, torch.compiler.is_compiling,
                                              in_transform)
-    return functools.wraps(original)(_own_code(wrapper))
+    return _alias_for_jit(functools.wraps(original)(_own_code(wrapper)), original)
 
 
 _CALL_SOURCE = """
@@ -194,7 +194,7 @@ def watched_call(original, after):
     (``sys._getframe(2)``) is the code that made the call."""
     wrapper = _maker(_CALL_CODE, original)(after, original, torch.compiler.is_compiling,
                                            in_transform)
-    return functools.wraps(original)(_own_code(wrapper))
+    return _alias_for_jit(functools.wraps(original)(_own_code(wrapper)), original)
 
 
 def unwatch(owner, name: str, before) -> bool:
@@ -221,7 +221,7 @@ def unwatch(owner, name: str, before) -> bool:
             befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(function)(_own_code(wrapper))
     _mark(wrapper, befores, function)
-    setattr(owner, name, wrapper)
+    setattr(owner, name, _alias_for_jit(wrapper, function))
     stand_in(wrapper, current)
     return True
 
@@ -243,7 +243,7 @@ def _reroute(owner, name: str, wrapper, original) -> bool:
             befores, original, torch.compiler.is_compiling, in_transform)
     rebuilt = functools.wraps(original)(_own_code(rebuilt))
     _mark(rebuilt, befores, original)
-    setattr(owner, name, rebuilt)
+    setattr(owner, name, _alias_for_jit(rebuilt, original))
     stand_in(rebuilt, current)
     return True
 

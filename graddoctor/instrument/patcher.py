@@ -138,6 +138,49 @@ def _installed(owner: Any, name: str) -> Any:
     return getattr(owner, name, None)
 
 
+class _JitBuiltinAliases(dict):
+    """``{id(wrapper): wrapper}`` of the wrappers entered in torch.jit's table of builtins under
+    their function's aten op. A ``watched`` wrapper of a builtin (``torch.where``) is a Python
+    function JIT's table does not know: code scripted while a check runs (``torch.distributed.optim``
+    scripts its functional optimizers at import, so ``import ignite`` does) resolved the name to
+    the wrapper, tried to compile it from source, and failed on the builtin it unwraps to
+    (inspect: "got builtin_function_or_method"). Entered under the builtin's op, the wrapper is
+    compiled as the op itself, as scripted code is not watched anyway. Each entry leaves the
+    table when the check ends (``per_check`` clears this), and the wrapper is held until then
+    so that its id is not reused while the table names it."""
+
+    def clear(self) -> None:
+        table = _jit_builtin_table()
+        if table is not None:
+            for key in self:
+                table.pop(key, None)
+        super().clear()
+
+
+def _jit_builtin_table():
+    try:
+        from torch.jit import _builtins
+        return _builtins._get_builtin_table()
+    except Exception:  # torch without the private table: scripting a wrapper fails as before
+        return None
+
+
+_jit_aliases: _JitBuiltinAliases = per_check(_JitBuiltinAliases())
+
+
+def alias_for_jit(wrapper, function):
+    """Enter ``wrapper`` in torch.jit's builtin table under ``function``'s aten op, when
+    ``function`` has one (``_JitBuiltinAliases``); returns ``wrapper``."""
+    table = _jit_builtin_table()
+    if table is None or wrapper is function:
+        return wrapper
+    op = table.get(id(function))
+    if op is not None:
+        table[id(wrapper)] = op
+        _jit_aliases[id(wrapper)] = wrapper
+    return wrapper
+
+
 class Patcher:
     """Records every patched attribute and hook handle; ``undo()`` restores them all, newest
     first, even when one restore fails."""
@@ -152,6 +195,8 @@ class Patcher:
         old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
         self._undo.append(("attr", owner, name, old))
         self._patched = None
+        if callable(new):
+            alias_for_jit(new, old if old is not _MISSING else getattr(owner, name, None))
         setattr(owner, name, new)
         return new
 
