@@ -495,8 +495,22 @@ def growths(a: "Analysis") -> list[Growth]:
             continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
         if w.scheduled and w.cls == "LambdaLR" and _factor_capped(a, w):
             continue  # a warm-up longer than the replay, to a peak its lambda caps
+        if _range_test(a, w):
+            continue  # an lr range test: it climbs until the loss diverges, then stops
         out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
     return out
+
+
+def _range_test(a: "Analysis", w: LrWriter) -> bool:
+    """Whether the code that raises the lr (the scheduler's ``step()`` calls, or the script's own
+    write) sits in a function that stops when the loss diverges (analysis/source.py's
+    ``stops_on_divergence``): an lr range test whose start is above ``RANGE_TEST_START``."""
+    if w.scheduled:
+        s = a.schedulers.get(w.sched)
+        locs = [e.loc for e in (s.steps[:1] if s is not None else ()) if e.loc is not None]
+    else:
+        locs = [w.loc] if w.loc is not None else []
+    return any(a.source.stops_on_divergence(loc.path, loc.line) for loc in locs)
 
 
 def _factor_capped(a: "Analysis", w: LrWriter) -> bool:

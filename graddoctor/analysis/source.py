@@ -160,6 +160,9 @@ class ScriptSource:
     def factor_straight(self, path: str, line: int, function: str) -> bool:
         return factor_straight(self.full(path), line, function)
 
+    def stops_on_divergence(self, path: str, line: int) -> bool:
+        return stops_on_divergence(self.full(path), line)
+
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
@@ -2857,6 +2860,45 @@ def _factor_bodies(path: str, line: int, function: str) -> tuple[str, list[ast.A
             bodies += [d for d in walk(tree)
                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == node.id]
     return given, bodies
+
+
+def _names_loss(node: ast.AST) -> bool:
+    """Whether ``node`` reads a name or attribute that names a loss (``loss``, ``self.best_loss``,
+    ``smoothed_loss``, ``self.losses[-1]``)."""
+    for n in ast.walk(node):
+        ident = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+        if "loss" in ident.lower():
+            return True
+    return False
+
+
+def stops_on_divergence(path: str, line: int) -> bool:
+    """Whether the function holding ``line`` (a scheduler's ``step()``, an lr write) also leaves
+    its loop when the loss diverges: an ``if`` whose test compares a loss or asks whether it is
+    NaN/inf (``if loss > diverge_th * self.best_loss: break``, ``if math.isnan(loss) or loss >
+    self.min * 3: raise CancelFitException()``) and whose body breaks, returns or raises. That
+    is an lr range test (torch-lr-finder, fastai's and miniai's ``LRFinder``): its lr climbs
+    exponentially on purpose until the loss blows up, and training starts over after it. False
+    when the source cannot be read or no such stop is there."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    scope = _enclosing_function(tree, line)
+    if scope is tree:
+        return False
+    for node in scope_walk(scope):
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
+        compares = any(isinstance(n, ast.Compare) and _names_loss(n) for n in ast.walk(test))
+        non_finite = any(isinstance(n, ast.Call) and _callee_name(n) in ("isnan", "isinf")
+                         and _names_loss(n) for n in ast.walk(test))
+        if not (compares or non_finite):
+            continue
+        if any(isinstance(n, (ast.Break, ast.Return, ast.Raise)) for stmt in node.body
+               for n in ast.walk(stmt)):
+            return True
+    return False
 
 
 def factor_capped(path: str, line: int, function: str) -> bool:

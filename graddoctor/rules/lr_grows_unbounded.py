@@ -51,8 +51,10 @@ class LrGrowsUnbounded(Rule):
     two terms, a clamp, a branch), rising over a warm-up longer than the replay to a peak above
     the optimizer's lr (fairseq's inverse-sqrt written as a factor of a unit lr, the linear
     scaling rule's `world * min(1, (s + 1) / warmup)` with a long warm-up); a rise of less than 2×; an lr that fell at some step (a cycle);
-    a run that ended on its own; an lr range test (every lr the script set at most 1e-5: it
-    climbs exponentially on purpose, then training starts over).
+    a run that ended on its own; an lr range test (every lr the script set at most 1e-5, or a
+    schedule stepped in a function that stops when the loss diverges, `if loss > 4 * best_loss:
+    break`, as torch-lr-finder's and fastai's finders do: it climbs exponentially on purpose,
+    then training starts over).
     """
 
     code = "GD137"
