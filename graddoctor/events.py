@@ -54,6 +54,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    them: a hand-written update), applied_by_hand ([pid] among those, only present
                    when not empty: the ones whose grad this backward adds onto although it is
                    the one that earlier backward wrote: the update applied it, nothing cleared it),
+                   rescaled ([pid], only present when not empty: tensors whose grad, applied by a
+                   step, the script changed in place to something other than zero before this
+                   backward added onto it: ``p.grad *= momentum``, a hand-written momentum),
                    autocast_fp16 ([path, line], only present when a float16 autocast was entered
                    with gradients on since the previous backward: where),
                    loss_negated (only present when the loss is a torch loss function times a
@@ -1527,7 +1530,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
              loss_negated: str | None = None, hand_step_cosine: float | None = None,
              hand_step_scale: float | None = None,
-             loss_constant: bool | None = None, thread: int | None = None) -> Made:
+             loss_constant: bool | None = None, thread: int | None = None,
+             rescaled: list[int] | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -1547,6 +1551,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["updated_by_hand"] = updated_by_hand
     if applied_by_hand:
         data["applied_by_hand"] = applied_by_hand
+    if rescaled:
+        data["rescaled"] = rescaled
     if autocast_fp16 is not None:
         data["autocast_fp16"] = autocast_fp16
     if loss_negated is not None:

@@ -218,6 +218,10 @@ def build_ledger(a: "Analysis") -> Ledger:
             loop.record.written.update(fresh, accumulated, outside)
             for pid in outside:
                 contribs[pid] = []
+            for pid in e.get("rescaled", ()):
+                # a grad the script rescaled in place after a step applied it (``p.grad *= mom``:
+                # momentum by hand) is a sum it keeps on purpose, not one nothing cleared
+                contribs[pid] = [c for c in contribs.get(pid, ()) if not c.consumed_by]
             for pid in fresh:
                 contribs[pid] = []  # a cleared .grad: whatever we had was dropped outside zero_grad
             hits: dict[int, tuple[Event, list[int]]] = {}

@@ -81,10 +81,18 @@ FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves on its loss node
 
 
+def _among(pids: list, written: list) -> list | None:
+    """The pids of ``pids`` that are in ``written``, None when there are none."""
+    if not pids:
+        return None
+    keep = set(written)
+    return [pid for pid in pids if pid in keep] or None
+
+
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
                  "history", "repeats", "root_cell", "kept", "updated_by_hand", "applied_by_hand",
-                 "hand_step_cosine", "hand_step_scale")
+                 "hand_step_cosine", "hand_step_scale", "rescaled")
     cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
     graph_nodes: int | None  # interior nodes, when walked with _history_walk
     history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
@@ -112,6 +120,9 @@ class BackwardContext:
         # after the first few such updates (instrument/handstep.py); None otherwise
         self.hand_step_cosine: float | None = None
         self.hand_step_scale: float | None = None  # its step size, when plain SGD (handstep.py)
+        # pids whose grad the script changed in place, not to zero, after a step applied it
+        # (``p.grad *= momentum``: a hand-written momentum keeps a decayed sum on purpose)
+        self.rescaled: list[int] = []
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -495,6 +506,8 @@ class BackwardWatcher:
                 verdict = FRESH
             else:
                 verdict = self._judge_changed(grad)
+                if crossed and verdict == ACCUMULATED:
+                    ctx.rescaled.append(pid)
             held[i] = (version, verdict)
         if looked and self.cpu_checks:
             try:
@@ -633,7 +646,9 @@ class BackwardWatcher:
                                      repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,
                                      applied_by_hand=ctx.applied_by_hand or None,
                                      hand_step_cosine=ctx.hand_step_cosine,
-                                     hand_step_scale=ctx.hand_step_scale, **extra), loc)
+                                     hand_step_scale=ctx.hand_step_scale,
+                                     rescaled=_among(ctx.rescaled, accumulated),
+                                     **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
