@@ -248,8 +248,14 @@ class RealIndexWatcher:
         with torch.no_grad():
             rows = self._rows(input, target)
             if rows is not None:
-                if _pads_rows(rows == ignore):
-                    found = padding_inside(rows, ignore)
+                # the value pads the rows, or the columns of sequence-first (T, B) targets
+                # (nn.Transformer's default), where each column is a sequence. A batch can look
+                # padded both ways: the value is padding when, read one of the ways it pads,
+                # it stays at the ends
+                padded = [r for r in (rows, rows.T) if _pads_rows(r == ignore)]
+                if padded:
+                    inside = [padding_inside(r, ignore) for r in padded]
+                    found = None if None in inside else inside[0]
                 else:
                     kept = rows[(rows >= 0) & (rows < classes)]
                     found = _like_a_class(torch.bincount(kept.reshape(-1), minlength=classes)[:classes]
