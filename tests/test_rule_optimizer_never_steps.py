@@ -52,3 +52,31 @@ def test_an_optimizer_never_cleared_nor_stepped_points_at_its_construction():
     t = TraceBuilder()
     _gan(t, d_cleared=False)
     assert only(t, "optimizer-never-steps").location.line == 2
+
+
+def _late_loop(t, fed: int, status: str):
+    """900 backwards of hand-written updates into [0, 1] (no optimizer), then a torch optimizer over
+    [2, 3] whose own loop had run ``fed`` backwards when the run stopped with ``status``."""
+    t.optimizer(0, [2, 3], line=40, cls="Adam")
+    for _ in range(900):
+        t.backward(fresh=[0, 1], line=20)
+    for _ in range(fed):
+        t.clear([2, 3], opt=0, line=44)
+        t.backward(fresh=[2, 3], line=45)
+    t.put(ev.run_end(status=status, steps=0))
+
+
+def test_an_optimizer_whose_loop_starts_as_the_run_is_cut_is_not_judged():
+    """d2l's optimization chapter: hand-written Adam/RMSProp/Adagrad over 900 batches, then
+    ``train_concise_ch11`` with torch.optim.Adam; the backward budget ended right after its first
+    backward, before its first step."""
+    t = TraceBuilder()
+    _late_loop(t, fed=1, status="backward-limit")
+    assert findings(t, "optimizer-never-steps") == []
+    t = TraceBuilder()  # the same optimizer filled by many backwards and never stepped is found,
+    _late_loop(t, fed=12, status="backward-limit")  # with the backwards that filled it counted
+    f = only(t, "optimizer-never-steps")
+    assert f.location.line == 40 and f.evidence["backward_calls"] == 12
+    t = TraceBuilder()  # a run that completed is judged whatever the count
+    _late_loop(t, fed=1, status="completed")
+    assert only(t, "optimizer-never-steps").location.line == 40

@@ -6,6 +6,11 @@ from .source import call_bare_method
 
 # A replay that ended this way saw the whole loop (or enough of it) to say "never".
 JUDGED = ("completed", "step-limit", "backward-limit")
+# a run graddoctor cut short: an optimizer whose parameters only the last few backwards filled
+# may step right after them (a loop of its own that starts late: d2l's train_concise_ch11 after
+# 900 backwards of hand-written optimizers)
+CUT = ("step-limit", "backward-limit")
+FED_AT_THE_CUT = 8  # backwards into its parameters below which a cut run says nothing
 
 
 class OptimizerNeverSteps(Rule):
@@ -43,7 +48,9 @@ class OptimizerNeverSteps(Rule):
     An optimizer stepped rarely (a GAN's generator once per 20 critic steps); the step taken
     as a bound method or from a helper; a Lookahead wrapper stepping its inner optimizer;
     optimizers stepped inside the backward; a script with no torch optimizer; a Lightning
-    `training_step` that skips batches.
+    `training_step` that skips batches; an optimizer whose loop starts late, filled by fewer
+    than 8 backwards when graddoctor stopped the run at its step or backward budget (after 900
+    backwards of hand-written updates, d2l's `train_concise_ch11`).
     """
 
     code = "GD107"
@@ -72,7 +79,14 @@ class OptimizerNeverSteps(Rule):
             if all(stepped.intersection(a.owners.get(pid, ())) for pid in fed):
                 continue  # a stepped optimizer owns them all: a wrapper (Lookahead) steps this one
             first = min((a.ledger.first_contribution[pid] for pid in fed), key=lambda e: e.seq)
-            backwards = a.backward_calls
+            feeding = set(fed)
+            recorded = a.by_kind.get("backward", ())
+            backwards = sum(1 for b in recorded if feeding.intersection(
+                (*b.get("fresh", ()), *b.get("accumulated", ()), *b.get("cleared_outside", ()))))
+            if a.status in CUT and backwards < FED_AT_THE_CUT:
+                continue  # the run was stopped right after its first backwards: not judged
+            if backwards == len(recorded):  # every backward filled them (folded ones too)
+                backwards = a.backward_calls
             if stepped:
                 others = ", ".join(sorted({a.optimizer_name(o) for o in stepped}))
                 message = (f"this {a.optimizer_name(opt)} is never stepped while {others} "
