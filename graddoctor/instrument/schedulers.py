@@ -169,6 +169,33 @@ class SchedulerWatcher:
 
         return step
 
+    def _wrap_get_lr(self, original):
+        """A framework that drives a scheduler without its ``step()``: ignite's ``LRScheduler``
+        handler advances ``last_epoch`` and reads ``get_lr()`` (flagged as within a step, as
+        torch's own ``step`` flags it) and writes the lrs into the param groups itself. Such a
+        read outside ``step`` is that scheduler's step: recorded as one, with the lrs it
+        returns."""
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def get_lr(scheduler, *args, **kwargs):
+            result = original(scheduler, *args, **kwargs)
+            if (watcher._in_step.active or watcher._in_init.active or watcher._constructing.active
+                    or not getattr(scheduler, "_get_lr_called_within_step", False)):
+                return result  # torch's own step, or a plain read (torch warns on those)
+            try:
+                optimizer = getattr(scheduler, "optimizer", None)
+                lrs = [plain_number(v) for v in result] if isinstance(result, (list, tuple)) else None
+                rec.emit(ev.scheduler_step(sched=watcher.scheduler_id(scheduler),
+                                           cls=type(scheduler).__name__,
+                                           opt=rec.optimizer_id(optimizer) if optimizer is not None else None,
+                                           grad=torch.is_grad_enabled(), lrs=lrs), rec.here(2))
+            except Exception as exc:
+                rec.internal_error("lr_scheduler.get_lr", exc)
+            return result
+
+        return get_lr
+
     def _wrap_initial_step(self, original):
         watcher = self
 
@@ -242,5 +269,6 @@ class SchedulerWatcher:
         for name in LR_ATTRIBUTES:
             patcher.patch(LRScheduler, name, WatchedAttribute(name, None, self._attribute_told))
         patch_tree(patcher, LRScheduler, "step", self._wrap_step)
+        patch_tree(patcher, LRScheduler, "get_lr", self._wrap_get_lr)
         patch_tree(patcher, LRScheduler, "_initial_step", self._wrap_initial_step)
         patch_tree(patcher, LRScheduler, "__init__", self._wrap_init)

@@ -55,7 +55,9 @@ class SchedulerNeverStepped(Rule):
     children; transformers' schedules per update under accumulation; SWA's recipe; an
     optimizer rebuilt with its scheduler; a hand-written warm-up; a scheduler handed to a
     trainer under another name and stepped from a later epoch than the replay reached
-    (SimCLR's `self.scheduler.step()` from epoch 10).
+    (SimCLR's `self.scheduler.step()` from epoch 10); a scheduler a framework drives without its
+    `step()`, advancing `last_epoch` and reading `get_lr()` (PyTorch Ignite's `LRScheduler`
+    handler).
     """
 
     code = "GD220"
