@@ -71,6 +71,9 @@ class ScriptSource:
     def tail_flush(self, path: str, line: int) -> str | None:
         return tail_flush(self.full(path), line)
 
+    def bound_to_underscore(self, path: str, line: int) -> bool:
+        return bound_to_underscore(self.full(path), line)
+
     def cut_after(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_after(self.full(path), line)
 
@@ -717,6 +720,22 @@ def keyword_line(path: str, line: int, keyword: str) -> tuple[int, str] | None:
 
 
 _CUTS = ("detach", "detach_", "data")
+
+
+def bound_to_underscore(path: str, line: int) -> bool:
+    """Whether a statement on ``line`` binds a call's result to ``_`` alone (``_ = self.net(x)``):
+    the script runs the call for what it does on the way (a forward hook that captures a hidden
+    layer, as BYOL's NetWrapper does) and drops its result on purpose. A bare call statement
+    (``self.bn(x)``, a forgotten assignment) is not one."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    for node in walk(tree):
+        if isinstance(node, ast.Assign) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id == "_" and isinstance(node.value, ast.Call):
+            return True
+    return False
 
 
 def cuts_gradient_near(path: str, line: int) -> bool | None:

@@ -108,7 +108,9 @@ class ParamWithoutGrad(Rule):
     iterations; a layer another instance of the same model trains (one net built with
     `batch_normalization=False` beside one built with it: the flag turns the layer off); activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
-    uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
+    uses; a model run for a forward hook's capture of a hidden layer, its result bound to `_`
+    (`_ = self.net(x)`, BYOL's NetWrapper: the layers after the hooked one are idle on purpose;
+    a bare `self.bn(x)` whose result is forgotten is still reported); a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
     tying; lazy layers; parametrized weights; the last block of a stack whose earlier blocks
     all train the same parameters, run in a loop that hands each block's output to the next pass
     (N-BEATS's backcast, subtracted from the residual that only a later block reads; EGNN's
@@ -169,9 +171,9 @@ class ParamWithoutGrad(Rule):
                 if misrouted and cause is not None and _with_grad(cause):
                     continue
                 discarded = _discarded(a, cause, pids, trained)
-                if discarded in ("library", "last-pass", "differentiated"):
+                if discarded in ("library", "last-pass", "differentiated", "dropped"):
                     continue  # see the docs: a head the user does not use, a loop's last pass,
-                    # a bias that only derivatives of the output read
+                    # a bias that only derivatives of the output read, a result bound to ``_``
                 if not discarded and _frozen_by_switch(a, cause, pids):
                     continue  # see the docs: a configuration flag detaches it on purpose
                 yield self._finding(a, cls, init, steps, opt, pids, cause, discarded=bool(discarded))
@@ -476,6 +478,8 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return None
     if cause.get("library"):
         return "library"
+    if a.source.bound_to_underscore(cause.loc.path, cause.loc.line):
+        return "dropped"  # ``_ = self.net(x)``: run for a forward hook's capture
     return "user"
 
 
