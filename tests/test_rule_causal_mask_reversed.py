@@ -64,3 +64,27 @@ def test_the_rule_reports_and_leaves_a_leak_read_against_the_targets_to_its_rule
     assert [f.location.line for f in found] == [21]
     assert "before each query" in found[0].message and "triu" in found[0].fix
     assert findings(builder(), SLUG) == []
+
+
+def _right_to_left(after: str):
+    """The ``reversed`` events of a model that embeds ids, attends with the transposed mask,
+    then reads the items before each position (``after="previous"``) or after it (``"next"``),
+    as embedded positives and as a cross-entropy's targets."""
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        emb = nn.Embedding(20, D)
+        attn = nn.MultiheadAttention(D, 2, batch_first=True)
+        seqs = torch.randint(0, 20, (4, T + 1))
+        inp, other = (seqs[:, 1:], seqs[:, :-1]) if after == "previous" else (seqs[:, :-1], seqs[:, 1:])
+        x = emb(inp)
+        h = attn(x, x, x, attn_mask=ONES.tril(-1))[0]
+        score = (h * emb(other)).sum()
+        loss = score + F.cross_entropy((h @ emb.weight.t()).reshape(-1, 20), other.reshape(-1))
+        loss.backward()
+    return [e["keys"] for e in rec.trace.of_kind("attention_mask") if e["problem"] == "reversed"]
+
+
+def test_a_right_to_left_model_reading_the_previous_items_is_not_recorded():
+    assert _right_to_left("previous") == []
+    assert _right_to_left("next") == [T]

@@ -462,3 +462,31 @@ def test_a_loss_the_backward_does_not_reach_is_not_recorded():
 
     assert _judge_backward(_net(), attack_then_train) == []
     assert [made[0] for made in _judge_backward(_net(), train)] == ["target_grad"]
+
+
+def test_a_balance_residual_between_log_probabilities_trains_both_sides():
+    """A GFlowNet's detailed balance (log F(s) + log PF against log F(s') + log PB, one trunk)
+    and a path-consistency residual (V(s) + tau * log pi against r + gamma * V(s')) are
+    equations trained through every term; the same squares with a value predicted on the first
+    side (a bootstrapped regression, an entropy bonus on the target side) keep their target."""
+    def balance(m, run):
+        s, s2 = torch.randn(6, 4), torch.randn(6, 4)
+        a = torch.randint(0, 2, (6, 1))
+        out, out2 = m(s), m(s2)
+        log_pf = F.log_softmax(out[:, :2], -1).gather(1, a).squeeze(1)
+        log_pb = F.log_softmax(out2[:, :2], -1).gather(1, a).squeeze(1)
+        run("mse_loss", out[:, 2] + log_pf, out2[:, 2] + log_pb)
+
+    def consistency(m, run):
+        s, s2 = torch.randn(6, 4), torch.randn(6, 4)
+        log_pi = F.log_softmax(m(s)[:, :2], -1)[:, 0]
+        run("mse_loss", m(s)[:, 2] + 0.1 * log_pi, 1.0 + 0.9 * m(s2)[:, 2])
+
+    def soft_td(m, run):
+        s, s2 = torch.randn(6, 4), torch.randn(6, 4)
+        log_pi = F.log_softmax(m(s2)[:, :2], -1)[:, 0]
+        run("mse_loss", m(s)[:, 2], 1.0 + 0.9 * (m(s2)[:, 2] - 0.2 * log_pi))
+
+    assert _judge(_net(), balance) == []
+    assert _judge(_net(), consistency) == []
+    assert [made[0] for made in _judge(_net(), soft_td)] == ["target_grad"]

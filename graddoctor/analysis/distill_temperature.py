@@ -11,6 +11,7 @@ from .source import _parse, walk
 
 _LOG_PROBS = frozenset({"log_softmax"})
 _PROBS = frozenset({"softmax", "log_softmax"})
+_DIVIDES = frozenset({"div", "true_divide", "divide"})
 
 
 def _called(node: ast.AST) -> str | None:
@@ -60,10 +61,20 @@ def _assignments(tree: ast.AST) -> dict[str, list[ast.AST]]:
 
 
 def _divisor(expr: ast.AST, values: dict[str, list[ast.AST]]) -> ast.AST | None:
-    """The divisor of ``logits / T`` (through one assignment of a name), else None."""
+    """The divisor of ``logits / T`` or ``logits.div(T)`` (through one assignment of a name),
+    else None."""
     for _ in range(2):
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
             return expr.right
+        if isinstance(expr, ast.Call) and _called(expr) in _DIVIDES:
+            # ``logits.div(T)``, ``torch.div(logits, T)``, ``torch.true_divide(logits, T)``
+            f = expr.func
+            method = isinstance(f, ast.Attribute) and not (
+                isinstance(f.value, ast.Name) and f.value.id == "torch")
+            rest = expr.args if method else expr.args[1:]
+            if len(rest) == 1 and not expr.keywords:
+                return rest[0]
+            return None
         if isinstance(expr, ast.Name) and len(values.get(expr.id, ())) == 1:
             expr = values[expr.id][0]
             continue

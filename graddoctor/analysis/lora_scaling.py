@@ -73,7 +73,8 @@ def _bare(node: ast.AST) -> str | None:
 def inverted_lora_scalings(path: str) -> list[tuple[int, str, str, str, float | None, float | None]]:
     """(line, the quotient's text, the rank's text, the alpha's text, rank, alpha) for each
     quotient of the file whose numerator's factors name the rank and not the alpha and whose
-    denominator's name the alpha and not the rank. The rank's and alpha's values are read where
+    denominator's name the alpha and not the rank, and which nothing divides by (``h / (r /
+    alpha)`` scales by ``alpha / r``). The rank's and alpha's values are read where
     the file binds their names to one number; a pair bound to equal numbers (a factor of 1) is
     left out. A file that names no LoRA (`lora` in its text) is read only where the quotient is
     assigned to a name of a scaling."""
@@ -100,9 +101,15 @@ def inverted_lora_scalings(path: str) -> list[tuple[int, str, str, str, float | 
                 if id(sub) not in owner or sub is not cls:
                     owner[id(sub)] = cls
     class_values: dict[int, dict[str, float]] = {}
+    # quotients that are themselves divided by (``h / (r / alpha)``, ``1 / (r / alpha)``): the
+    # update is scaled by their reciprocal, ``alpha / r``
+    divisors = {id(f) for node in walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                for f in _factors(node.right)}
     out = []
     for node in walk(tree):
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)):
+            continue
+        if id(node) in divisors:
             continue
         if not names_lora and id(node) not in scaling_targets:
             continue

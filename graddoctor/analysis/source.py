@@ -1552,6 +1552,22 @@ def _twin_maximum(node: ast.AST) -> bool:
     return False
 
 
+def _twin_minimum(node: ast.AST) -> bool:
+    """``torch.min(q1, q2)``, ``torch.minimum(q1, q2)`` or a min over their stack: the clipped
+    double-Q estimate, which a maximum beside it mixes with (``lmbda * min + (1 - lmbda) *
+    max``, BCQ's and a weighted double Q's target)."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("min", "minimum", "amin", "fmin"):
+        return False
+    renamed = ast.Call(func=ast.Attribute(value=func.value, attr="max", ctx=ast.Load())
+                       if isinstance(func, ast.Attribute) else ast.Name(id="max", ctx=ast.Load()),
+                       args=node.args, keywords=node.keywords)
+    return _twin_maximum(renamed)
+
+
 def _discounted(node: ast.AST) -> bool:
     return any(isinstance(n, (ast.Name, ast.Attribute))
                and set(_words(n.id if isinstance(n, ast.Name) else n.attr)) & _DISCOUNT_WORDS
@@ -1562,7 +1578,8 @@ def _discounted(node: ast.AST) -> bool:
 def twin_critics_maximised(path: str) -> list[tuple[int, str, str]]:
     """``(line, text, maximum)`` of each statement that combines twin critics' estimates with a
     maximum (``torch.max(qf1_next, qf2_next)``) into a discounted target: the statement itself
-    discounts, or a later statement of its function that reads the name it assigns does."""
+    discounts, or a later statement of its function that reads the name it assigns does. A
+    statement that also takes the twins' minimum mixes the two on purpose (BCQ): left out."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -1573,6 +1590,8 @@ def twin_critics_maximised(path: str) -> list[tuple[int, str, str]]:
         maxima = [n for n in walk(node.value) if _twin_maximum(n)]
         if not maxima:
             continue
+        if any(_twin_minimum(n) for n in walk(node.value)):
+            continue  # a mix of the smaller and the larger estimate (BCQ's soft clipped double Q)
         feeds = _discounted(node.value)
         if not feeds:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]

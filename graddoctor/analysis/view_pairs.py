@@ -82,11 +82,67 @@ def _stop_gradient(tree: ast.AST, call: ast.Call, line: int, quiet: set[int]) ->
     return bool(returned) and all(_base(value)[1] for _, value in returned)
 
 
+def _assigned(scope: ast.AST, name: str, line: int) -> ast.AST | None:
+    """The value the latest assignment before ``line`` in ``scope`` gives ``name`` (an element
+    of a tuple assigned a tuple of the same length), else None."""
+    best = None
+    for node in walk(scope):
+        if not isinstance(node, ast.Assign) or node.lineno > line or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and target.id == name:
+            found = value
+        elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                and len(target.elts) == len(value.elts):
+            found = next((v for t, v in zip(target.elts, value.elts)
+                          if isinstance(t, ast.Name) and t.id == name), None)
+        elif isinstance(target, ast.Tuple) and any(isinstance(t, ast.Name) and t.id == name
+                                                   for t in target.elts):
+            found = value  # ``p1, p2, z1, z2 = model(x1, x2)``: the call makes them all
+        else:
+            continue
+        if found is not None and (best is None or node.lineno >= best[0]):
+            best = (node.lineno, found)
+    return best[1] if best is not None else None
+
+
+def _network_input(expr: ast.AST, scope: ast.AST, line: int) -> str | None:
+    """The text of what the networks that make ``expr`` read first: calls are followed into
+    their first argument, names into the call they are assigned (``p1 = predictor(z1)``, ``z1 =
+    encoder(x1)``: ``x1``); None when no call makes it."""
+    text = None
+    for _ in range(8):
+        base, _ = _base(expr)
+        if isinstance(base, ast.Call) and base.args:
+            expr = base.args[0]
+            text = ast.unparse(expr)
+            continue
+        if not isinstance(base, ast.Name):
+            return text
+        value = _assigned(scope, base.id, line)
+        if value is None or not isinstance(_base(value)[0], ast.Call):
+            return text
+        expr = value
+    return text
+
+
+def _own_view_on_purpose(tree: ast.AST, call: ast.Call, line: int) -> bool:
+    """Whether a view's prediction reads another input than its target: the student given a
+    masked or corrupted copy of the view (``student(x1 * m1)``) and the teacher the view itself
+    (``teacher(x1)``), as masked prediction (data2vec, I-JEPA) pairs each view with its own."""
+    scope = _enclosing_function(tree, line)
+    seen = _network_input(call.args[0], scope, line)
+    target = _network_input(call.args[1], scope, line)
+    return seen is not None and target is not None and seen != target
+
+
 def views_paired_with_themselves(path: str) -> list[tuple[int, str, str]]:
     """``(line, text, crossed)`` of each statement that sums two calls of one comparison, each
     given a prediction and a stop-gradient target of the same view (``D(p1, z1) + D(p2, z2)``:
     names ending in 1/2 or one/two), the two calls of two different views; ``crossed`` is the
-    statement with the targets swapped. [] when the file cannot be read."""
+    statement with the targets swapped. A prediction made from another input than its target
+    (the student given a masked copy of the view, the teacher the view) is masked prediction,
+    which pairs each view with itself: left out. [] when the file cannot be read."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -110,6 +166,8 @@ def views_paired_with_themselves(path: str) -> list[tuple[int, str, str]]:
                 continue
             if not all(_stop_gradient(tree, c, node.lineno, quiet) for c in group):
                 continue
+            if all(_own_view_on_purpose(tree, c, node.lineno) for c in group):
+                continue  # each view's masked copy predicts the view: masked prediction
             text = ast.unparse(node)
             first, second = group
             swapped = []

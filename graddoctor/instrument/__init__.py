@@ -189,6 +189,7 @@ class Instrumentation:
         # frame, goes around this one)
         attention_masks = AttentionMaskWatcher(rec)
         self.watchers.append(attention_masks)
+        rec.subscribe(DESCRIBE_LOSS, attention_masks.describe_loss)  # reversed masks held till then
         # a padding mask that keeps exactly the padded positions of the token batches the
         # attention mask watcher saw embedded (mask-keeps-padding): the first backwards' graphs
         padding_masks = PaddingMaskWatcher(rec, attention_masks)
@@ -231,7 +232,7 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, remaps.served)
         self.watchers.append(remaps)  # its F.interpolate wrapper: label maps resized in the loop
         loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts,
-                               placeholders, remaps)
+                               placeholders, remaps, attention_masks)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

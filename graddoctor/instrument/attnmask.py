@@ -29,7 +29,14 @@ fill id (98% of them or more), an ``attention_mask`` aside event with ``problem=
 recorded at the call. A square ``attn_mask`` (the same for every sample and head) that leaves
 out exactly the keys before each query, a causal mask transposed (``tril`` where ``triu`` was
 meant, or the other convention's triangle), is recorded with ``problem="reversed"``: each
-position attends to itself and the future, which a next-item target then reads. A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
+position attends to itself and the future, which a next-item target then reads. A right-to-left
+model needs exactly that mask (each position predicts the item before it), so the record waits
+for the next backward: a token batch embedded after the attention call, or a loss's integer
+targets (losscalls.py), that holds at each position the id the attention's input held one
+position earlier (the previous items, looked up in the item table as positives or given to a
+cross-entropy) drops it; so does a causal mask judged before the backward (a forward and a
+backward model side by side). The rule also reads the targets' shift that
+instrument/dependency.py finds for a model (``k = -1``: the previous items). A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
 both present, is recorded with ``problem="additive01"``. A call with no mask at all (and not
 causal) whose keys have the shape of a remembered token batch in which the fill id forms runs at
 one end of two rows or more and occurs almost nowhere else is recorded with
@@ -54,12 +61,14 @@ from .. import events as ev
 from .inlinable import watched
 from .loss_inputs import infer_fill
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
 MASK_CHECKS = 64  # masked calls judged in all (nothing after them)
 STEPS = 4  # optimizer steps after which nothing is looked at any more
 SITE_CHECKS = 2  # masked calls judged per attention module, or per call line of SDPA
 TOKEN_READS = 16  # embedding calls whose token batch is looked at
 TOKENS = 4  # the latest padded token batches remembered
+PREVIOUS_SHARE = 0.9  # positions of a later batch that hold the input's id one position earlier
 MAX_CELLS = 1 << 20  # masks and token batches larger than this are not read
 INVERTED_SHARE = 0.98  # positions where the mask leaves out exactly the non-fill tokens
 _NEGATIVE = -1e3  # an additive mask value at or below this leaves its key out
@@ -76,6 +85,9 @@ class AttentionMaskWatcher:
         self._tokens: list[tuple[torch.Tensor, int]] = []  # (token batch copy, fill), latest first
         self._done: set = set()  # (call line, problem) recorded
         self._causal_seen = False  # a causal mask (each query sees its past) was judged
+        self._last_ids: torch.Tensor | None = None  # the latest (batch, length) id batch embedded
+        # reversed masks waiting for the next backward: [loc, api, keys, the ids embedded before]
+        self._reversed: list = []
 
     # -- token batches ------------------------------------------------------------------------
     def _embedded(self, args, kwargs) -> None:
@@ -86,6 +98,9 @@ class AttentionMaskWatcher:
                 and tokens.numel() <= MAX_CELLS):
             return
         self._token_reads += 1
+        with torch.no_grad():
+            self._drop_right_to_left(tokens)
+            self._last_ids = tokens.detach().clone()
         pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
         weight = args[1] if len(args) > 1 else kwargs.get("weight")
         if isinstance(pad, int) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
@@ -106,6 +121,54 @@ class AttentionMaskWatcher:
                 break
         self._tokens.insert(0, (copy, fill))
         del self._tokens[TOKENS:]
+
+    def _drop_right_to_left(self, tokens: torch.Tensor) -> None:
+        """A batch embedded after a reversed mask's call (or a loss's targets) that holds at
+        each position the id its input held one position earlier (``tokens[:, t] == ids[:, t - 1]``): the previous items,
+        looked up as what each position predicts (a right-to-left model scoring its targets
+        through the item table). The reversed mask is that model's causal mask."""
+        kept = []
+        for pending in self._reversed:
+            ids = pending[3]
+            if ids is not None and ids.shape == tokens.shape:
+                same = (tokens[:, 1:] == ids[:, :-1]).float().mean()
+                if float(same) >= PREVIOUS_SHARE:
+                    continue
+            kept.append(pending)
+        self._reversed = kept
+
+    @property
+    def open(self) -> bool:
+        """Whether loss calls are still worth telling (instrument/losscalls.py)."""
+        return self._steps.steps < STEPS and self._checks < MASK_CHECKS
+
+    def loss_call(self, fn: str, input, target, args, kwargs) -> None:
+        """A loss's integer targets that are the previous items of a reversed mask's input
+        (``targets[:, t] == ids[:, t - 1]``, flattened or not): a right-to-left model."""
+        if not self._reversed or not isinstance(target, torch.Tensor) \
+                or target.is_floating_point() or target.device.type != "cpu":
+            return
+        try:
+            with torch.no_grad():
+                for pending in self._reversed:
+                    ids = pending[3]
+                    if ids is not None and target.numel() == ids.numel():
+                        self._drop_right_to_left(target.reshape(ids.shape))
+                        return
+        except Exception as exc:
+            self.rec.internal_error("reversed attention mask against the loss's targets", exc)
+
+    def describe_loss(self, tensors) -> dict:
+        """At a backward: the reversed masks no later batch showed to be a right-to-left model's
+        are recorded."""
+        pending, self._reversed = self._reversed, []
+        for loc, api, keys, _ids in pending:
+            if not self._causal_seen:
+                self._record(api, "attn_mask", "reversed", loc=loc, convention="causal transposed",
+                             keys=int(keys))
+        if self._steps.steps >= STEPS or self._checks >= MASK_CHECKS:
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+        return {}
 
     def _wrap_embedding(self, original):
         watcher = self
@@ -181,8 +244,12 @@ class AttentionMaskWatcher:
         if bool((slices == earlier.T).all()):
             self._causal_seen = True
         elif bool((slices == earlier).all()) and not self._causal_seen:
-            self._record(api, "attn_mask", "reversed", convention="causal transposed",
-                         keys=int(keys))
+            ids = self._last_ids
+            if ids is not None and ids.shape[1] != keys:
+                ids = None  # the latest batch embedded is not this attention's input
+            loc = self.rec.here()
+            if all(loc != pending[0] for pending in self._reversed):
+                self._reversed.append([loc, api, keys, ids])
 
     def _unmasked(self, api: str, argument: str, batch: int | None, keys: int) -> None:
         """An attention call with no mask at all (and not causal) over keys of the shape of a
@@ -206,9 +273,9 @@ class AttentionMaskWatcher:
                              padded=round(padded / tokens.numel(), 4))
             return
 
-    def _record(self, api: str, argument: str, problem: str, **data) -> None:
+    def _record(self, api: str, argument: str, problem: str, loc=None, **data) -> None:
         rec = self.rec
-        loc = rec.here()
+        loc = rec.here() if loc is None else loc
         if (loc, problem) in self._done:
             return
         self._done.add((loc, problem))

@@ -36,7 +36,9 @@ collate of the script's, at the first ``_COLLATE_FETCHES`` fetches of a dataset,
 batch tensor (a ``PackedSequence`` unpacked) is matched to the samples whose value it holds
 (equal, a padded prefix along the first axis, the number); a field whose rows each name one
 sample gives an order, and another field whose rows do not follow it is told once per collate
-function (``collate_reordered``), at the collate's line that sorts or permutes (read from its
+function (``collate_reordered``) that does not also return the permutation it applied (a
+1-D integer field holding each row number once, which the model uses to undo the sort: the
+rows are then matched on purpose), at the collate's line that sorts or permutes (read from its
 source; the line that applies an order kept in a name), else its first line.
 
 Costs: the mode's dispatch for every torch op in ``__getitem__`` during the looked-at fetches,
@@ -399,12 +401,17 @@ class AugmentAlignWatcher:
                     break
         unique = [(key, k, [next(iter(a)) for a in allowed]) for key, k, allowed in orders
                   if all(len(a) == 1 for a in allowed) and len({next(iter(a)) for a in allowed}) == rows]
+        carried = _orders_returned(fields, rows)
         for key, k, perm in unique:
             for other, j, allowed in orders:
                 if other == key or j == k:
                     continue
                 if all(perm[r] in allowed[r] for r in range(rows)):
                     continue
+                if any(all(p[r] == perm[r] for r in range(rows)) or all(p[r] in allowed[r] for r in range(rows))
+                       for order in carried for p in (order, _inverse(order))):
+                    continue  # the batch hands its reordering on, to be undone (sorted for
+                    # packing, unsorted after the RNN): the rows are matched on purpose
                 # the field out of the samples' order is the one reordered
                 moved, kept = (key, other) if perm != list(range(rows)) else (other, key)
                 self._told_collates.add(code)
@@ -503,6 +510,27 @@ def _same(row, value) -> bool:
     if isinstance(value, (bool, int, float)):  # compared in the batch's dtype (float32 labels)
         return row.dim() == 0 and bool(row == torch.tensor(value, dtype=row.dtype))
     return False
+
+
+def _orders_returned(fields, rows: int) -> list[list[int]]:
+    """The fields of a collated batch that are a reordering of its samples (a 1-D integer
+    tensor holding ``0 .. rows - 1`` once each, not in order): the permutation a collate that
+    sorts one field returns so that the model can undo it."""
+    found = []
+    for _key, value in fields[:_COLLATE_FIELDS]:
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and int(value.shape[0]) == rows \
+                and not value.is_floating_point() and value.dtype != torch.bool:
+            order = [int(v) for v in value.tolist()]
+            if sorted(order) == list(range(rows)) and order != list(range(rows)):
+                found.append(order)
+    return found
+
+
+def _inverse(order: list[int]) -> list[int]:
+    inverse = [0] * len(order)
+    for r, v in enumerate(order):
+        inverse[v] = r
+    return inverse
 
 
 def _row_sources(batch, values) -> list | None:

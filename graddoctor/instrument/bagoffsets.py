@@ -11,11 +11,13 @@ is some other mixture of items. Nothing raises and the loss still falls.
 What is judged: the first ``_CALLS`` calls of ``F.embedding_bag`` under grad mode from the script's
 thread with a 1-D CPU input and 1-D CPU offsets (``nn.EmbeddingBag`` calls it): ``decreasing``,
 the offsets go down somewhere; ``empty``, with ``_MIN_BAGS`` bags or more, at least ``_EMPTY``
-of them are empty while the last one holds ``_SWALLOW`` of the input or more. One ``bag_offsets``
+of them are empty after the first bag that holds items (leading empty bags are rows without
+items under a correct running sum) while the last one holds ``_SWALLOW`` of the input or more. One ``bag_offsets``
 aside event per call line (loc: the user's line of the call).
 
 Silent: offsets from an exclusive cumulative sum (``F.pad(lengths.cumsum(0)[:-1], (1, 0))``),
-bags of one length (``arange(B) * L``), a few empty bags, 2-D inputs (no offsets).
+bags of one length (``arange(B) * L``), a few empty bags, empty bags that lead the batch
+(``[0, 0, 0, 0, 0, 1, 3]``: rows without items first), 2-D inputs (no offsets).
 
 Cost: ``F.embedding_bag`` wrapped until ``_CALLS`` calls have been judged or ``WINDOW`` backwards
 have run, then put back.
@@ -57,7 +59,12 @@ def judge_offsets(input: torch.Tensor, offsets: torch.Tensor) -> dict | None:
     if drops:
         how = "decreasing"
     else:
-        empty = int((sizes == 0).sum())
+        # the bags left empty after the first that holds items: lengths given for offsets empty
+        # the bags between two equal lengths, while a correct running sum starting with rows
+        # that have no items (users without history) leaves its leading bags empty
+        filled = (sizes > 0).nonzero()
+        first = int(filled[0]) if filled.numel() else bags
+        empty = int((sizes[first:] == 0).sum())
         if bags < _MIN_BAGS or empty < _EMPTY * bags or int(sizes[-1]) < _SWALLOW * n:
             return None
         how = "empty"

@@ -14,13 +14,17 @@ walked (at most ``_NODES`` nodes) for ``NllLossBackward0``/``NllLoss2DBackward0`
 saved integer target holds their ``ignore_index`` at some pixels, at most half of them; and for
 multiplications (``MulBackward0``) of a tensor coming from a ``softmax``/``sigmoid`` (through
 views) by a tensor without a graph that holds only 0 and 1 and, once its size-1 axes are
-squeezed, has the target's shape: when it is 1 at exactly the ignored pixels, one
+squeezed, has the target's shape, whose product then meets the labels (multiplied, through
+views, by another tensor without a graph: a soft-set intersection ``(probs * onehot).sum()``):
+when the mask is 1 at exactly the ignored pixels, one
 ``ignored_mask`` aside event per target shape (loc: the backward's line; the rule finds the
 comparison in the source).
 
 Silent: the mask of the labeled pixels (``!=``, ``1 - ignored``); a term over the ignored pixels
 that is no soft-set term on the probabilities (an entropy or pseudo-label loss on the unlabeled
-pixels goes through a log); a mask that differs from the ignored pixels anywhere.
+pixels goes through a log, a consistency between two predictions there compares them with each
+other: neither multiplies the masked probabilities by the labels); a mask that differs from the
+ignored pixels anywhere.
 """
 
 from __future__ import annotations
@@ -91,6 +95,25 @@ def selects_ignored(mask: torch.Tensor, ignored: torch.Tensor) -> bool:
     return bool(torch.equal(flat, ignored.reshape(-1)))
 
 
+def _meets_labels(node, consumers: dict, depth: int = _DEPTH) -> bool:
+    """Whether masked probabilities meet the labels the way a soft-set term's intersection does:
+    multiplied (through views) by a tensor without a graph (``(probs * onehot).sum()``, a
+    Tversky term's ``probs * (1 - onehot)``). A consistency between two predictions on the
+    unlabeled pixels (``(p1 - p2.detach()) ** 2``) or an entropy (``p * log p``) does not."""
+    level = [node]
+    for _ in range(depth):
+        following = []
+        for item in level:
+            for user in consumers.get(item, ()):
+                name = type(user).__name__
+                if name == "MulBackward0" and sum(n is None for n, _ in user.next_functions) == 1:
+                    return True
+                if name.startswith(_THROUGH):
+                    following.append(user)
+        level = following
+    return False
+
+
 class IgnoredMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -117,6 +140,11 @@ class IgnoredMaskWatcher:
             targets = ignored_targets(nodes)
             if not targets:
                 continue
+            consumers: dict = {}
+            for node in nodes:
+                for child, _ in node.next_functions:
+                    if child is not None:
+                        consumers.setdefault(child, []).append(node)
             for node in nodes:
                 if type(node).__name__ != "MulBackward0":
                     continue
@@ -129,6 +157,8 @@ class IgnoredMaskWatcher:
                 mask = saved(node, "_saved_other" if side == 0 else "_saved_self")
                 if not isinstance(mask, torch.Tensor) or mask.is_cuda:
                     continue
+                if not _meets_labels(node, consumers):
+                    continue  # no soft-set term: a consistency or entropy on the unlabeled pixels
                 for ignored, ignore in targets:
                     if not selects_ignored(mask, ignored):
                         continue

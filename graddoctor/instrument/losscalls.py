@@ -7,7 +7,9 @@ new listener is one argument here and not one more in each wrapper:
   loss term with no graph);
 * ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``labels``
   (ConstantTargetsWatcher), ``prompts`` (PromptMaskWatcher), ``placeholders``
-  (PlaceholderTargetWatcher), ``remaps`` (TargetRemapWatcher): the first calls with a gradient
+  (PlaceholderTargetWatcher), ``remaps`` (TargetRemapWatcher), ``directions``
+  (AttentionMaskWatcher: the targets of a model whose attention mask is reversed): the first
+  calls with a gradient
   (while each is ``open``; once closed, which is for good, it is dropped), not ``ctc_loss``'s
   (its targets are label sequences).
 """
@@ -19,15 +21,16 @@ import torch
 
 class LossCalls:
     def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
-                 repeats=None, prompts=None, placeholders=None, remaps=None):
+                 repeats=None, prompts=None, placeholders=None, remaps=None, directions=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
         self.labels, self.repeats, self.prompts = labels, repeats, prompts
         self.placeholders = placeholders
         self.remaps = remaps
+        self.directions = directions
         # whether any of the listeners to the first calls with a gradient is still held: once
         # none is, such a call is told to nobody (every call of a long run makes one)
         self._firsts = any(x is not None for x in (columns, rows, labels, repeats, prompts,
-                                                   placeholders, remaps))
+                                                   placeholders, remaps, directions))
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -86,7 +89,13 @@ class LossCalls:
                 remaps.loss_call(fn, input, target, args, kwargs)
             else:
                 self.remaps = None
+        directions = self.directions
+        if directions is not None:
+            if directions.open:
+                directions.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.directions = None
         if self.columns is None and self.rows is None and self.labels is None \
                 and self.repeats is None and self.prompts is None and self.placeholders is None \
-                and self.remaps is None:
+                and self.remaps is None and self.directions is None:
             self._firsts = False

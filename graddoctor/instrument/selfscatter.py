@@ -29,10 +29,12 @@ targets or more with such a softmax is a ``softmax_over_edges`` aside, once per 
 
 The same walk reads a batch of graphs wired wrong: a scatter whose rows are not gathered and whose
 index is sorted (a readout by the batch vector, ``index_add_(0, batch, x)``) names each node's
-graph; the message-passing scatters' edges (gather index to scatter index, self-loops left out)
-then join nodes of two graphs (``_ACROSS`` of them or more) or reach under ``1/_REACHED`` of the
-graphs: each graph's edge index concatenated without adding the node count before it (a
-``collate`` that forgets the offset). An ``edges_across_graphs`` aside, once per backward line.
+graph; the message-passing scatters' edges (gather index to scatter index, self-loops left out),
+all numbered below the largest graph's node count (each graph's own numbering), then join nodes
+of two graphs (``_ACROSS`` of them or more) or reach under ``1/_REACHED`` of the graphs: each
+graph's edge index concatenated without adding the node count before it (a ``collate`` that
+forgets the offset). Edges that reach node numbers past every graph's size are numbered over the
+batch: one graph's clusters pooled apart, whose edges cross the clusters on purpose. An ``edges_across_graphs`` aside, once per backward line.
 
 Cost: one graph walk per backward at the first backwards of each line only, plus two bounded walks
 and one ``torch.equal`` per scatter found (CPU indices only).
@@ -269,10 +271,14 @@ class SelfScatterWatcher:
             if graphs < _MIN_GRAPHS:
                 continue
             n = int(b.numel())
+            largest = int(torch.bincount(b - b.min()).max())  # nodes of the largest graph
             for src, dst in passes:
                 s, d = src.to(torch.int64), dst.to(torch.int64)
                 if int(s.max()) >= n or int(d.max()) >= n or int(s.min()) < 0 or int(d.min()) < 0:
                     continue
+                if max(int(s.max()), int(d.max())) >= largest:
+                    continue  # edges numbered past any one graph's nodes: the batch's numbering
+                    # (clusters of one graph pooled apart, whose edges cross them on purpose)
                 moved = s != d
                 edges = int(moved.sum())
                 if edges < _MIN_GRAPHS:

@@ -20,7 +20,9 @@ of the same tensor ``z``; ``_ROWS`` samples at least.
 
 Silent: a fixed centre (a tensor without gradient), a spread that is one term of several (a
 classification or reconstruction term beside it), a spread the loss maximises (negated:
-VICReg's variance hinge), a centred tensor used any other way (standardised features fed on).
+VICReg's variance hinge), a centred tensor used any other way (standardised features fed on),
+a centred residual of the outputs against data (``err = model(x) - y``; ``((err -
+err.mean(0)) ** 2).mean()`` fits the targets up to one constant per batch).
 
 Only node names, saved dims, exponents and shapes are read: no tensor's values. One
 ``spread_minimised`` aside event per backward line, at that backward; the rule finds the
@@ -140,6 +142,17 @@ def _centred(sub):
     return None
 
 
+def _against_data(node) -> bool:
+    """Whether the centred tensor is the outputs' residual against a tensor without graph
+    (``err = model(x) - y``): a fit to the targets up to one constant per batch (energies known
+    up to an offset), which the targets keep from collapsing, not the outputs' own spread."""
+    node, _ = _below(node)
+    if node is None or not _name(node).startswith(("SubBackward0", "AddBackward0", "RsubBackward1")):
+        return False
+    edges = node.next_functions
+    return len(edges) == 2 and (edges[0][0] is None) != (edges[1][0] is None)
+
+
 def spread_of(root):
     """``(form, shape, node below)`` when the loss ``root`` is, through reductions and positive
     constant factors, a batch's spread around its own mean: ``form`` "var" (``var``/``std`` over
@@ -169,7 +182,7 @@ def spread_of(root):
     if inner is None:
         return None
     found = _centred(inner)
-    if found is None:
+    if found is None or _against_data(found[0]):
         return None
     shape = _shape(*found)
     if shape is None or shape[0] < _ROWS:

@@ -55,6 +55,13 @@ its positive and its negative, a query with several documents) is metric learnin
 trained on purpose: not taken. A squared error or cosine that a computed value scales
 (``(mu_q - mu_p) ** 2 / var_p``, a Gaussian KL or likelihood with a learned variance) is no
 regression onto a target: not taken.
+A squared residual whose first side holds a log-probability among the terms of its linear top
+(``(log_F(s) + log_pf) - (log_F(s') + log_pb)``, ``mse(V(s) + tau * log_pi, r + gamma * V(s'))``)
+is a balance or consistency equation (a GFlowNet's detailed, trajectory or sub-trajectory
+balance, path consistency learning), trained through both sides on purpose: not taken. A
+bootstrapped regression predicts a value there (``q(s).gather(1, a)``); an entropy bonus on
+the target side (SAC's ``- alpha * log_pi`` in ``r + gamma * (q' - alpha * log_pi)``) still
+leaves the target.
 A side made from a derivative of the model (``torch.autograd.grad(..., create_graph=True)``:
 its graph differentiates a backward formula) is a term of an equation's residual, a
 physics-informed ``u_t - k * u_xx`` or ``du - r * u * (1 - u)``, every term trained on
@@ -387,6 +394,36 @@ def _holds_derivative(nodes) -> bool:
                for node in nodes)
 
 
+# the log-probability a balance or consistency residual holds as one of its terms: a policy's
+# (``log_softmax``, ``logsigmoid``, a categorical's ``logits - logsumexp``, a Gaussian's log-scale)
+_LOG_PROBABILITIES = ("LogSoftmaxBackward", "LogSigmoidBackward", "LogsumexpBackward", "LogBackward")
+# ops a term's value passes through to a residual's side: its linear top, and the pick of the
+# action taken (``log_pf.gather(-1, a).sum(1)``)
+_TERM_OPS = _TOP_OPS + ("GatherBackward", "IndexSelectBackward")
+_TERMS = 64  # nodes of a side's linear top searched for a log-probability
+
+
+def holds_log_probability(edge) -> bool:
+    """Whether a side of a squared residual holds a log-probability as a term of its linear
+    top (``log_F(s) + log_pf``, ``V(s) + tau * log_pi``): the residual is a balance or
+    consistency equation between probabilities and flows or values (GFlowNets' detailed and
+    trajectory balance, path consistency learning), trained through every term on purpose. A
+    regression onto a bootstrapped value predicts a value (``q(s).gather(1, a)``), not a
+    log-probability."""
+    stack, seen = [edge[0]], set()
+    while stack and len(seen) < _TERMS:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        name = type(node).__name__
+        if name.startswith(_LOG_PROBABILITIES):
+            return True
+        if name.startswith(_TERM_OPS):
+            stack.extend(child for child, _ in _computed(node))
+    return False
+
+
 def _below(tensors) -> set | None:
     """The nodes of the graph a backward runs through, or None when it is too large to walk
     (then every candidate counts as reached), or without a graph given."""
@@ -517,6 +554,8 @@ class TargetGradWatcher:
             return None
         if fn in _SYMMETRIC and _selected_from(input_edge) == _selected_from(target_edge):
             return None  # rows of one output compared with each other (pairs of a batch, time steps)
+        if fn in _SYMMETRIC and holds_log_probability(input_edge):
+            return None  # a balance or consistency residual (GFlowNets, PCL): every term trains
         made_in, made_target = _producer(input_node), _producer(target_node)
         if (fn in _SYMMETRIC and type(made_in) is type(made_target) and same_shape
                 and _same_layer(_base(input_node), _base(target_node), nodes_in, nodes_target)):

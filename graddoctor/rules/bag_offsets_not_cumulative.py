@@ -46,7 +46,8 @@ class BagOffsetsNotCumulative(Rule):
     ## Stays silent on
     Offsets from an exclusive cumulative sum (`F.pad(lengths.cumsum(0)[:-1], (1, 0))`,
     `lengths.cumsum(0) - lengths`); bags of one length (`arange(B) * L`); a few empty bags (users
-    without history); 2-D inputs (no offsets). Not seen: calls on an accelerator, calls after the
+    without history), or any number of them at the start of the batch, before the first bag
+    that holds items (`[0, 0, 0, 0, 0, 1, 3]`); 2-D inputs (no offsets). Not seen: calls on an accelerator, calls after the
     first 8 or the first 3 backwards.
     """
 

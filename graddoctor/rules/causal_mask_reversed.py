@@ -42,9 +42,12 @@ class CausalMaskReversed(Rule):
     ## Stays silent on
     Causal masks in either convention (booleans, additive -inf masks, `is_causal=True`,
     `nn.Transformer.generate_square_subsequent_mask`); bidirectional attention without a
-    mask; padding masks; a reversed mask run after a causal one in the same run (a forward
-    and a backward language model side by side); masks that differ between samples; masks
-    on a GPU.
+    mask; padding masks; a reversed mask in a run that also runs a causal one before its
+    backward (a forward and a backward language model side by side); a right-to-left model,
+    for which the reversed mask is the causal one: its loss's targets are the previous items
+    (`targets[:, t] == ids[:, t - 1]`), or the ids it looks up after the attention call (the
+    positives scored through the item table) are; masks that differ between samples; masks on
+    a GPU.
     """
 
     code = "GD340"
@@ -58,9 +61,12 @@ class CausalMaskReversed(Rule):
            "(True = attend), or is_causal=True")
 
     def check(self, a):
-        if any((e.get("seq") or {}).get("k") == 1 and (e.get("seq") or {}).get("future")
-               for e in a.by_kind.get("dependency", ())):
+        shifts = [(e.get("seq") or {}) for e in a.by_kind.get("dependency", ())]
+        if any(seq.get("k") == 1 and seq.get("future") for seq in shifts):
             return  # target-visible-to-model read the leak against the loss's own targets
+        if any(seq.get("k") == -1 for seq in shifts):
+            return  # the loss's targets are the previous items: a right-to-left model, whose
+            # causal mask is this one
         for e in a.of_kind("attention_mask"):
             if e["problem"] != "reversed":
                 continue

@@ -60,11 +60,40 @@ def _added_center(node: ast.AST, aliases: dict, depth: int = 0) -> ast.AST | Non
     return None
 
 
+def _running(tree: ast.AST) -> set[str]:
+    """The center names the file updates as a running value: an augmented assignment, an
+    assignment whose value reads the name itself (``self.center = self.center * m + ...``), or
+    an in-place method called on it (``self.center.mul_(m).add_(...)``, ``center.data.copy_``).
+    A name only ever initialised (a registered buffer, a constant window) is a fixed prior."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign):
+            name = _last_name(node.target)
+            if name is not None:
+                names.add(name)
+        elif isinstance(node, ast.Assign):
+            read = {_last_name(n) for n in ast.walk(node.value)}
+            names.update(name for target in node.targets
+                         if (name := _last_name(target)) is not None and name in read)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr.endswith("_") and not node.func.attr.startswith("_"):
+            owner = node.func.value
+            while isinstance(owner, ast.Call) and isinstance(owner.func, ast.Attribute):
+                owner = owner.func.value  # ``center.mul_(m).add_(...)``
+            if isinstance(owner, ast.Attribute) and owner.attr == "data":
+                owner = owner.value
+            name = _last_name(owner)
+            if name is not None:
+                names.add(name)
+    return {name for name in names if _CENTER.search(name)}
+
+
 def centers_added(tree: ast.AST) -> list[tuple[int, str, str]]:
     """``[(line, the sum, the center)]`` for each softmax (or log-softmax) whose logits are a
     running center added to the outputs (``softmax((t + self.center) / temp)``): centering
-    subtracts it."""
+    subtracts it. A center the file never updates is a fixed offset (a prior), not judged."""
     found = []
+    running = _running(tree)
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         bound: dict[str, list] = {}
@@ -82,6 +111,8 @@ def centers_added(tree: ast.AST) -> list[tuple[int, str, str]]:
             if added is None:
                 continue
             center = added.left if _is_center(added.left) else added.right
+            if _last_name(center) not in running:
+                continue  # a fixed offset named for a center (a window's prior): no running mean
             found.append((added.lineno, ast.unparse(added), ast.unparse(center)))
     return sorted(set(found))
 
@@ -113,7 +144,9 @@ class CenteringAdded(Rule):
 
     ## Stays silent on
     A subtracted center; sums with a name that does not say center (a bias, a prior's log);
-    centers added outside a softmax's input (coordinates, box centers).
+    a center the file never updates as a running value (a fixed log-prior around each query's
+    centre position registered once: no running mean of the outputs); centers added outside a
+    softmax's input (coordinates, box centers).
     """
 
     code = "GD381"

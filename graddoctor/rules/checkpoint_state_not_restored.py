@@ -56,6 +56,19 @@ def _positioned_scheduler(tree: ast.AST) -> bool:
     return False
 
 
+def _replayed_scheduler(tree: ast.AST) -> bool:
+    """Whether a loop does nothing but step a scheduler (``for _ in range(start_epoch):
+    scheduler.step()``): the schedule replayed to the resumed position instead of loaded."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and node.body and all(
+                isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "step"
+                and _kind("", ast.unparse(stmt.value.func.value)) == "scheduler"
+                for stmt in node.body):
+            return True
+    return False
+
+
 def _restarted_loop(tree: ast.AST, after: int, counter: str) -> int | None:
     """The line of the first ``for <counter> in ...`` after line ``after``: the loop that starts
     again from its first value."""
@@ -80,8 +93,8 @@ def unrestored_state(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]
             continue  # nothing of the training state restored: a fine-tune from the weights
         line, text, restored = restores[-1]
         for key, (part, owner) in held.items():
-            if part == "scheduler" and _positioned_scheduler(tree):
-                continue  # rebuilt at the resumed position instead of loaded
+            if part == "scheduler" and (_positioned_scheduler(tree) or _replayed_scheduler(tree)):
+                continue  # rebuilt at the resumed position, or stepped to it, instead of loaded
             if key not in read:
                 at = _restarted_loop(tree, line, owner) if part == "counter" else None
                 found.append((at or line, text, key, part, owner, restored))
@@ -128,7 +141,8 @@ class CheckpointStateNotRestored(Rule):
     ## Stays silent on
     A resume that reads every part it saved (`ckpt["scheduler"]`, `ckpt.get("scaler")`, a
     helper that restores it by key); a scheduler rebuilt at the resumed position
-    (`last_epoch=start - 1`) instead of loaded; a fine-tune that loads only the weights from a
+    (`last_epoch=start - 1`), or stepped there by a loop that only steps it (`for _ in
+    range(start_epoch): scheduler.step()`), instead of loaded; a fine-tune that loads only the weights from a
     checkpoint that also holds the optimizer and scheduler (no part of the training state is
     restored: a new run on pretrained weights); checkpoints whose keys are read in a loop;
     keys other than the optimizer, scheduler, scaler and epoch/step counters (a best score,

@@ -41,7 +41,9 @@ class CollateReordersFields(Rule):
 
     ## Stays silent on
     A collate that sorts (or shuffles) whole samples, every field in one order; one that keeps
-    the order; fields that are not one row per sample (lengths, masks computed from the batch:
+    the order; one that also returns the permutation it sorted by (`lengths, perm =
+    lengths.sort(descending=True)` returned beside the labels in their own order), which the
+    model uses to put its outputs back in the batch's order; fields that are not one row per sample (lengths, masks computed from the batch:
     they match no sample's value); fields whose rows cannot be told apart (a batch of equal
     sequences). Not seen: collates in worker processes (`num_workers > 0`), samples that are not
     tuples, lists or dicts, values that are not tensors or numbers (strings), batches over 64.

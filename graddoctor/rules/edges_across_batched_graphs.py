@@ -50,7 +50,9 @@ class EdgesAcrossBatchedGraphs(Rule):
     ## Stays silent on
     Edges shifted per graph (a running offset, a `ptr` vector); one graph per step (no batch
     vector); self-loops; graphs without edges (a few); a readout that is a gather or a mean over
-    all nodes (no sorted scatter). Not seen: batches on an accelerator, a batch vector that is
+    all nodes (no sorted scatter); edges that reach node numbers past the largest graph's size
+    (numbered over the batch: the clusters of one graph pooled apart, whose real edges cross
+    them). Not seen: batches on an accelerator, a batch vector that is
     not sorted (graphs interleaved), pooling written with a dense assignment matrix.
     """
 

@@ -13,11 +13,27 @@ _EVAL = re.compile(r"(^|_)(eval|evaluation|test|val|valid|validation|inference)(
 _PIPELINE = re.compile(r"(^|_)(transforms?|tfms?|tf|aug|augment|preprocess|pipeline)($|_)", re.I)
 
 
-def _normalises(node: ast.AST) -> bool:
+def _definitions(tree: ast.AST) -> dict[str, ast.AST]:
+    """The module's functions and the names it assigns once at its top level, by name."""
+    out: dict[str, list] = {}
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(node.name, []).append(node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out.setdefault(node.targets[0].id, []).append(node.value)
+    return {name: nodes[0] for name, nodes in out.items() if len(nodes) == 1}
+
+
+def _normalises(node: ast.AST, defs: dict | None = None, depth: int = 0) -> bool:
     """Whether ``node`` standardises: a ``Normalize(...)`` (torchvision, albumentations,
     kornia), ``F.normalize(img, mean, std)``, or ``(x - mean) / std`` with the centre and the
-    scale named (or attributes)."""
+    scale named (or attributes); or a name of the module (``defs``) that does (a helper
+    ``normalize(img)`` the pipeline calls, ``norm = T.Normalize(MEAN, STD)`` in its list)."""
     for sub in ast.walk(node):
+        if defs and depth < 2 and isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) \
+                and sub.id in defs and defs[sub.id] is not node \
+                and _normalises(defs[sub.id], defs, depth + 1):
+            return True
         if isinstance(sub, ast.Call):
             func = sub.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -63,15 +79,16 @@ def unnormalised_evaluation(tree: ast.AST) -> list[tuple[int, str, str, int]]:
     training pipeline standardises its inputs and an evaluation pipeline of the same kind (a
     function, or a value) does not."""
     pipelines = _pipelines(tree)
+    defs = _definitions(tree)
     found = []
     for name, line, node, kind in pipelines:
-        if not _TRAIN.search(name) or not _normalises(node):
+        if not _TRAIN.search(name) or not _normalises(node, defs):
             continue
         for other, other_line, other_node, other_kind in pipelines:
             if other_kind != kind or not _EVAL.search(other) or _TRAIN.search(other) \
                     or _stem(other, _EVAL) != _stem(name, _TRAIN):
                 continue
-            if _normalises(other_node):
+            if _normalises(other_node, defs):
                 continue
             if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(other_node)):
                 continue  # the evaluation pipeline calls the training one
@@ -108,7 +125,10 @@ class EvaluationTransformUnnormalised(Rule):
     ```
 
     ## Stays silent on
-    An evaluation pipeline that normalises, or calls the training one; normalisation done
+    An evaluation pipeline that normalises, or calls the training one, or calls a helper of the
+    module that normalises (`return normalize(img)` with `def normalize(img): return (img -
+    MEAN) / STD`), or lists a transform the module assigned once (`norm = T.Normalize(MEAN,
+    STD)`); normalisation done
     inside the model (a `(x - self.mean) / self.std` in `forward`: neither pipeline has it);
     pipelines whose names do not say train and eval/test/val, or name different pipelines
     (`train_aug` and `eval_transform`); a function paired with a value (not compared).

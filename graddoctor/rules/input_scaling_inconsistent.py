@@ -102,6 +102,13 @@ def _resolve(nodes, name: str, line: int):
     return (best.value, best.lineno) if best is not None else (None, None)
 
 
+def _standardised_before(nodes, name: str, line: int) -> bool:
+    """Whether the latest plain assignment to ``name`` before ``line`` in the scope standardises
+    an array (``x_train = (x_train - mu) / sd``): the name then holds standardised values."""
+    value, _ = _resolve(nodes, name, line)
+    return value is not None and _scaled_base(value) is not None
+
+
 def inconsistent_input_scaling(tree: ast.AST) -> list[tuple[int, str, str, str, int]]:
     """``(line, raw text, model, array, scaled_line)``: a model called on an array's values as
     they are while another call of the same model gets that array standardised (``(u - mean) /
@@ -133,6 +140,8 @@ def inconsistent_input_scaling(tree: ast.AST) -> list[tuple[int, str, str, str, 
                 scaled.setdefault((n.func.id, _family(scaled_base)), n.lineno)
                 continue
             base = base or _data_base(value)
+            if base is not None and _standardised_before(nodes, base, n.lineno):
+                continue  # the array was rebound to its standardised values (``x = (x - m) / s``)
             if base is not None:
                 raw.setdefault((n.func.id, _family(base)), (at, ast.unparse(value), base))
     found = []
@@ -177,7 +186,9 @@ class InputScalingInconsistent(Rule):
 
     ## Stays silent on
     Every call of the model standardising the array (or none doing so); calls on different
-    arrays; a name assigned something else (a sum with noise, another model's output); a model
+    arrays; a name assigned something else (a sum with noise, another model's output); an
+    array rebound to its standardised values before the call (`x_train = (x_train - mu) / sd`,
+    then `model(x_train[idx])`); a model
     that standardises inside its `forward`; models not built in the file; files no backward
     ran from.
     """

@@ -38,7 +38,8 @@ class LoraScalingInverted(Rule):
     ```
 
     ## Stays silent on
-    `alpha / r` and rsLoRA's `alpha / math.sqrt(r)`; a rank and alpha the file binds to equal
+    `alpha / r` and rsLoRA's `alpha / math.sqrt(r)`; an update divided by the quotient
+    (`h / (self.r / self.lora_alpha)`: scaled by `alpha / r`); a rank and alpha the file binds to equal
     numbers (a factor of 1 either way); quotients of names that are not a rank and an alpha, or
     in a file that names no LoRA and assigns the quotient to no scaling.
     """

@@ -52,7 +52,9 @@ class LossIsBatchSpread(Rule):
     several (a classification or reconstruction term beside it, DOC's compactness loss with
     its descriptiveness loss); a spread the loss maximises or holds above a floor (negated,
     VICReg's variance hinge); a centred tensor used any other way (a standardisation fed on,
-    a covariance). Not seen: a centre that is a trained parameter (it collapses too), spreads
+    a covariance); a centred residual of the outputs against data (`err = model(x) - y`,
+    `((err - err.mean(0)) ** 2).mean()`: relative energies, fitted up to one constant per
+    batch, which the targets keep from collapsing). Not seen: a centre that is a trained parameter (it collapses too), spreads
     written through another op than `mean` over axis 0.
     """
 

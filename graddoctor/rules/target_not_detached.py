@@ -97,7 +97,12 @@ class TargetNotDetached(Rule):
     difference scaled by a learned variance (a Gaussian KL
     between a posterior and a prior sharing a trunk); a physics-informed residual whose sides
     are derivatives of the model taken with `torch.autograd.grad(..., create_graph=True)`
-    (`u_t - k * u_xx`, `du - r * u * (1 - u)`: the terms of one equation); contrastive losses (InfoNCE, CLIP: the logits are a product of
+    (`u_t - k * u_xx`, `du - r * u * (1 - u)`: the terms of one equation); a squared residual
+    whose first side holds a policy's log-probabilities among its terms, a balance or
+    consistency equation trained through every term (a GFlowNet's detailed or trajectory
+    balance, `mse(log_F(s) + log_pf, log_F(s') + log_pb)`; path consistency learning's
+    `V(s) + tau * log_pi` against `r + gamma * V(s')`), where a bootstrapped regression
+    predicts a value (`q(s).gather(1, a)`); contrastive losses (InfoNCE, CLIP: the logits are a product of
     both views, the targets are data); a target that the same loss also fits to labels (TRADES'
     `kl(log_softmax(model(x_adv)), softmax(model(x)))` beside `cross_entropy(model(x), y)`);
     a loss differentiated only with respect to its inputs (an attack's

@@ -36,6 +36,8 @@ class TwinCriticsMaximised(Rule):
 
     ## Stays silent on
     `torch.min`/`torch.minimum` of twin critics and a min over their stack (REDQ's subset); a
+    convex mix of the min and the max of the twins in one statement (BCQ's `lmbda * torch.min(q1,
+    q2) + (1 - lmbda) * torch.max(q1, q2)`); a
     max over actions of one critic (DQN's `q.max(1)`); a max of twin critics that no discounted
     statement reads (a logged upper bound); max over expressions that are not twins
     (`torch.max(q, baseline)`).

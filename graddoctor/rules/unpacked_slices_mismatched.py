@@ -243,13 +243,16 @@ def _sources(tree: ast.AST) -> dict[str, set[str]]:
     return found
 
 
-def _literal_parts(tree: ast.AST) -> dict[str, set[str]]:
-    """For each name, the texts of the literal-indexed subscripts the file takes of it."""
+def _argument_parts(tree: ast.AST) -> dict[str, set[str]]:
+    """For each name, the texts of the literal-indexed subscripts the file hands to a call as an
+    argument (``masked_l1(p1, yb[:, 0], ob[:, 0])``): parts that play an argument's role."""
     parts: dict[str, set[str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
-                and _has_literal_index(node.slice):
-            parts.setdefault(node.value.id, set()).add(ast.unparse(node.slice))
+        if isinstance(node, ast.Call):
+            for arg in node.args:
+                if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name) \
+                        and _has_literal_index(arg.slice):
+                    parts.setdefault(arg.value.id, set()).add(ast.unparse(arg.slice))
     return parts
 
 
@@ -265,9 +268,11 @@ def copied_calls(tree: ast.AST) -> list[dict]:
     sibling names or other fixed parts of one tensor (``masked_mse(r, yr, v[:, 0:1])``,
     ``masked_mse(r2, yr2, v[:, 0:1])``; ``f(p2, y[:, 1], m[:, 1])``, ``f(p3, y[:, 2], m[:, 1])``) while
     one argument is the very same fixed part of one tensor, which the file (or the tensor it is
-    a row pick of) also takes at another fixed part: the copy's index was not edited. The later
-    call is reported."""
-    sources, parts = _sources(tree), _literal_parts(tree)
+    a row pick of) also hands to a call at another fixed part: the copy's index was not edited.
+    A tensor whose other parts are only read some other way (``meta[:, 1] > 0.5``, a domain id
+    beside a shared sample weight ``meta[:, 0]``) is shared on purpose. The later call is
+    reported."""
+    sources, parts = _sources(tree), _argument_parts(tree)
     found = []
     for block in _blocks(tree):
         calls = [(i, stmt, c) for i, stmt in enumerate(block) if not isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef))
@@ -363,8 +368,9 @@ class UnpackedSlicesMismatched(Rule):
     (`x[:-1], y[1:]`: overlapping rows, not literal ranges); arrays never paired at one range
     elsewhere in the file; an unpacking of a call (`mu, log_var = out.chunk(2, 1)`); two calls
     that share a part on purpose (twin critics' `F.mse_loss(q1, y[:, 0])`, `F.mse_loss(q2,
-    y[:, 0])` where the file takes no other part of `y`), calls whose other arguments are not
-    siblings, calls with keywords.
+    y[:, 0])` where the file hands no other part of `y` to a call; two heads weighed by one
+    sample-weight column `meta[:, 0]` while `meta[:, 1]` is only compared, a domain id), calls
+    whose other arguments are not siblings, calls with keywords.
     """
 
     code = "GD369"

@@ -40,8 +40,10 @@ class ViewsPairedWithThemselves(Rule):
 
     ## Stays silent on
     The crossed pairing; targets that keep their gradient (a reconstruction of each view, a
-    Siamese network's labels `criterion(out1, y1) + criterion(out2, y2)`); names without view
-    numbers; one call alone.
+    Siamese network's labels `criterion(out1, y1) + criterion(out2, y2)`); predictions made
+    from another input than their targets (masked prediction, data2vec's `student(x1 * m1)`
+    against `teacher(x1)`: each view's masked copy predicts the view itself); names without
+    view numbers; one call alone.
     """
 
     code = "GD328"
