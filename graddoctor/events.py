@@ -241,13 +241,15 @@ advantage_grad     params [pid] (optimizer-owned parameters the weight reaches a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
                    weight that carries gradient (an advantage not detached), once per backward
                    line (loc: the backward; an aside; instrument/policygrad.py)
-policy_sign        dist (the log_prob's distribution class), critic (the regression that says
-                   which side is the return: "mse_loss" | "smooth_l1_loss" | "huber_loss" |
-                   "square"), weight ("advantage": the log-probability's weight is the
-                   critic's R - V | "cost": its negation), sign ("minimised" | "maximised": how
-                   the loss holds the term) — a policy-gradient term whose weight, oriented by
-                   the critic in the same loss, makes the optimizer lower the probability of the
-                   better actions, at the first 3 backwards of a line after log-probabilities,
+policy_sign        dist (the log_prob's distribution class, or "log_softmax" for a gather of
+                   one along its last axis), critic (the regression that says which side is the
+                   return: "mse_loss" | "smooth_l1_loss" | "huber_loss" | "square" | "none": no
+                   critic in the loss), weight ("advantage": the log-probability's weight is the
+                   critic's R - V | "cost": its negation | "return": no critic, weights never
+                   negative and not one value), sign ("minimised" | "maximised": how the loss
+                   holds the term) — a policy-gradient term whose weight, oriented by the critic
+                   in the same loss (or, without one, by the returns' sign), makes the optimizer
+                   lower the probability of the better actions, at the first 3 backwards of a line after log-probabilities,
                    once per backward line (loc: the backward; an aside; instrument/policysign.py)
 degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_i d_j) | "row": d_i |
                    "column": d_j | "both": d_i d_j, d the count of entries of each row), nodes (its
