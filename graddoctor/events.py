@@ -828,7 +828,8 @@ last_step_padded  module (the recurrent layer's class), rows, length (its input'
                    read: 1, or 0 for a seq-first packed output) — the loss reads position
                    length - 1 of that layer's output (``out[:, -1]``; ``out[-1]`` seq-first when
                    packed), once per run, in the first turns (loc: the layer's call; an aside)
-causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
+causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...,
+                   or "torch.stack": the stacked states of a recurrence unrolled by hand),
                    positions (the time positions of its output the loss reads, at most 8), read
                    (how many), length (T), unread (positions, holding data, that no read output
                    has seen), rows, seq_first, direction (only for a bidirectional RNN read at one
