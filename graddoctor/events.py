@@ -1107,9 +1107,11 @@ weighted_reduced   fn (the torch loss: "mse_loss", "cross_entropy", ...), reduct
                    backwards, once per loss, reduction and shapes (loc: the backward; an aside;
                    instrument/reducedweight.py)
 reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), shape (its input's
-                   sizes), dims (the input's dimensions it reduces, 0 among them), batch (the
-                   samples: dim 0): a reduction that is neither a sum nor a mean taken over dim 0
-                   of a per-sample tensor on the loss's path while another axis longer than 1 is
+                   sizes), dims (the input's dimensions it reduces, the batch's among them),
+                   batch (the samples: dim 0), batch_dim (only where the batch is not dim 0: a
+                   samples-first layout, [K, B], the axis as long as the DataLoader's batch): a
+                   reduction that is neither a sum nor a mean taken over the
+                   batch axis of a per-sample tensor on the loss's path while another axis longer than 1 is
                    left, and the loss depends on its result (a gradient arrives at it) — at the
                    first 3 backwards, once per function, shape and dims (loc: the backward; an
                    aside, emitted during that backward; instrument/reducebatch.py)
@@ -2494,8 +2496,12 @@ def weighted_reduced(*, fn: str, reduction: str, input_shape: list[int], factor_
                                 "factor_shape": factor_shape, "factor_grad": factor_grad}
 
 
-def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
-    return "reduce_batch", {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
+def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int,
+                 batch_dim: int = 0) -> Made:
+    fields = {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
+    if batch_dim:
+        fields["batch_dim"] = batch_dim
+    return "reduce_batch", fields
 
 
 def class_axis(*, fn: str, shape: list[int], dim: int, picked: int, how: str) -> Made:
