@@ -894,7 +894,7 @@ real_index         argument (ignore_index | padding_idx), value (the index set a
                    nn.Embedding | F.embedding), size (the loss's classes or the embedding's
                    rows), layout ("classes": one label per sample | "rows": label rows it does
                    not pad | "padded rows": rows it pads and occurs inside of too | "tokens": an
-                   embedded token batch), share (of the positions counted that hold it), and
+                   embedded token batch | "categories": one embedded id per sample), share (of the positions counted that hold it), and
                    as the layout has them median (the median other class's share), classes
                    (present), seen (labels counted), inside, content (occurrences out of the
                    runs at the rows' ends, and those positions): the value a loss ignores or an
