@@ -244,13 +244,15 @@ advantage_grad     params [pid] (optimizer-owned parameters the weight reaches a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
                    weight that carries gradient (an advantage not detached), once per backward
                    line (loc: the backward; an aside; instrument/policygrad.py)
-policy_sign        dist (the log_prob's distribution class), critic (the regression that says
-                   which side is the return: "mse_loss" | "smooth_l1_loss" | "huber_loss" |
-                   "square"), weight ("advantage": the log-probability's weight is the
-                   critic's R - V | "cost": its negation), sign ("minimised" | "maximised": how
-                   the loss holds the term) — a policy-gradient term whose weight, oriented by
-                   the critic in the same loss, makes the optimizer lower the probability of the
-                   better actions, at the first 3 backwards of a line after log-probabilities,
+policy_sign        dist (the log_prob's distribution class, or "log_softmax" for a gather of
+                   one along its last axis), critic (the regression that says which side is the
+                   return: "mse_loss" | "smooth_l1_loss" | "huber_loss" | "square" | "none": no
+                   critic in the loss), weight ("advantage": the log-probability's weight is the
+                   critic's R - V | "cost": its negation | "return": no critic, weights never
+                   negative and not one value), sign ("minimised" | "maximised": how the loss
+                   holds the term) — a policy-gradient term whose weight, oriented by the critic
+                   in the same loss (or, without one, by the returns' sign), makes the optimizer
+                   lower the probability of the better actions, at the first 3 backwards of a line after log-probabilities,
                    once per backward line (loc: the backward; an aside; instrument/policysign.py)
 degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_i d_j) | "row": d_i |
                    "column": d_j | "both": d_i d_j, d the count of entries of each row), nodes (its
@@ -829,7 +831,8 @@ last_step_padded  module (the recurrent layer's class), rows, length (its input'
                    read: 1, or 0 for a seq-first packed output) — the loss reads position
                    length - 1 of that layer's output (``out[:, -1]``; ``out[-1]`` seq-first when
                    packed), once per run, in the first turns (loc: the layer's call; an aside)
-causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
+causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...,
+                   or "torch.stack": the stacked states of a recurrence unrolled by hand),
                    positions (the time positions of its output the loss reads, at most 8), read
                    (how many), length (T), unread (positions, holding data, that no read output
                    has seen), rows, seq_first, direction (only for a bidirectional RNN read at one
@@ -894,7 +897,7 @@ real_index         argument (ignore_index | padding_idx), value (the index set a
                    nn.Embedding | F.embedding), size (the loss's classes or the embedding's
                    rows), layout ("classes": one label per sample | "rows": label rows it does
                    not pad | "padded rows": rows it pads and occurs inside of too | "tokens": an
-                   embedded token batch), share (of the positions counted that hold it), and
+                   embedded token batch | "categories": one embedded id per sample), share (of the positions counted that hold it), and
                    as the layout has them median (the median other class's share), classes
                    (present), seen (labels counted), inside, content (occurrences out of the
                    runs at the rows' ends, and those positions): the value a loss ignores or an
@@ -1107,9 +1110,11 @@ weighted_reduced   fn (the torch loss: "mse_loss", "cross_entropy", ...), reduct
                    backwards, once per loss, reduction and shapes (loc: the backward; an aside;
                    instrument/reducedweight.py)
 reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), shape (its input's
-                   sizes), dims (the input's dimensions it reduces, 0 among them), batch (the
-                   samples: dim 0): a reduction that is neither a sum nor a mean taken over dim 0
-                   of a per-sample tensor on the loss's path while another axis longer than 1 is
+                   sizes), dims (the input's dimensions it reduces, the batch's among them),
+                   batch (the samples: dim 0), batch_dim (only where the batch is not dim 0: a
+                   samples-first layout, [K, B], the axis as long as the DataLoader's batch): a
+                   reduction that is neither a sum nor a mean taken over the
+                   batch axis of a per-sample tensor on the loss's path while another axis longer than 1 is
                    left, and the loss depends on its result (a gradient arrives at it) — at the
                    first 3 backwards, once per function, shape and dims (loc: the backward; an
                    aside, emitted during that backward; instrument/reducebatch.py)
@@ -2497,8 +2502,12 @@ def weighted_reduced(*, fn: str, reduction: str, input_shape: list[int], factor_
                                 "factor_shape": factor_shape, "factor_grad": factor_grad}
 
 
-def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
-    return "reduce_batch", {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
+def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int,
+                 batch_dim: int = 0) -> Made:
+    fields = {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
+    if batch_dim:
+        fields["batch_dim"] = batch_dim
+    return "reduce_batch", fields
 
 
 def class_axis(*, fn: str, shape: list[int], dim: int, picked: int, how: str) -> Made:

@@ -93,3 +93,24 @@ def test_a_kl_penalty_added_to_a_reward_is_found():
                 "loss = pg_loss + beta * kl\n",
                 "reward -= beta * (logp - ref_logp)\n"):
         assert preferences(src) == [], src
+
+
+def test_a_preference_loss_called_with_its_sides_swapped():
+    import ast as _ast
+
+    from graddoctor.rules.contrastive_margin_reversed import swapped_preference_calls
+
+    source = """
+import torch.nn.functional as F
+def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1):
+    return -F.logsigmoid(beta * ((pi_chosen - ref_chosen) - (pi_rejected - ref_rejected))).mean()
+def pick(chosen, rejected):
+    return chosen
+a = dpo_loss(lp_rejected, lp_chosen, ref_rejected, ref_chosen)
+b = dpo_loss(lp_chosen, lp_rejected, ref_chosen, ref_rejected)
+c = dpo_loss(pi_rejected=lp_rejected, pi_chosen=lp_chosen, ref_chosen=ref_c, ref_rejected=ref_r)
+d = dpo_loss(lp_rejected, lp_chosen, ref_chosen, ref_rejected)
+e = pick(rejected, chosen)
+"""
+    found = swapped_preference_calls(_ast.parse(source))
+    assert [(line, function, side) for line, _, function, side in found] == [(7, "dpo_loss", "chosen")]

@@ -12,7 +12,7 @@ from torch.distributions import Categorical
 from graddoctor.analysis import Analysis
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.policysign import _orientation
+from graddoctor.instrument.policysign import PolicySignWatcher, _orientation, picked_log_softmax
 from graddoctor.rules import find_rule
 
 SLUG = "policy-gradient-reversed"
@@ -117,7 +117,7 @@ def test_a_normalised_advantage_is_oriented_by_its_correlation():
     assert _run(_normalised(-1.0)) == ([], [])
 
 
-def test_no_critic_in_the_loss_says_nothing():
+def test_no_critic_and_standardised_returns_say_nothing():
     def reinforce(logp, values, rewards, opt):
         returns = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
         loss = (logp * returns).sum()  # REINFORCE: the sign of the data is not in the graph
@@ -125,6 +125,57 @@ def test_no_critic_in_the_loss_says_nothing():
         loss.backward()
         opt.step()
     assert _run(reinforce) == ([], [])
+
+
+def test_reinforce_without_a_critic_minimised_along_positive_returns_is_found():
+    def reinforce(logp, values, rewards, opt):
+        returns = rewards + 0.1  # all positive, no baseline
+        loss = (logp * returns).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    events, found = _run(reinforce)
+    assert [(e["critic"], e["weight"], e["sign"]) for e in events] == [("none", "return", "minimised")]
+    assert len(found) == 1 and "no critic or baseline" in found[0].message
+    assert found[0].location.line == reinforce.__code__.co_firstlineno + 2
+    assert found[0].fix.startswith("negate")
+
+
+def test_reinforce_from_a_gathered_log_softmax_is_read_without_torch_distributions():
+    def gathered(logp, values, rewards, opt, sign=1.0):
+        obs = torch.randn(16, 3)
+        logits = obs @ torch.ones(3, 3, requires_grad=True)
+        actions = torch.randint(0, 3, (16,))
+        log_probs = F.log_softmax(logits, -1).gather(1, actions[:, None]).squeeze(1)
+        reward = torch.rand(16) + 0.2
+        loss = sign * (log_probs * reward).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    events, found = _run(gathered)
+    assert [e["dist"] for e in events] == ["log_softmax"] and len(found) == 1
+    assert _run(lambda *a: gathered(*a, sign=-1.0)) == ([], [])
+
+
+def test_picked_log_softmax_needs_the_class_axis():
+    x = torch.randn(4, 5, requires_grad=True)
+    idx = torch.randint(0, 4, (1, 5))
+    assert picked_log_softmax((l := F.log_softmax(x, -1).gather(1, idx[:, :4].T[:, :1])).grad_fn,
+                              type(l.grad_fn).__name__)
+    over_rows = F.log_softmax(x, -1).gather(0, idx)
+    assert not picked_log_softmax(over_rows.grad_fn, type(over_rows.grad_fn).__name__)
+    plain = x.gather(1, idx[:, :4].T[:, :1])
+    assert not picked_log_softmax(plain.grad_fn, type(plain.grad_fn).__name__)
+
+
+def test_returns_minimised_needs_positive_varied_weights():
+    w = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    ok = PolicySignWatcher._returns_minimised
+    assert ok([(1.0, w(0.0, 1.0, 0.5), "Categorical")])
+    assert not ok([(-1.0, w(0.0, 1.0, 0.5), "Categorical")])  # the minus is there
+    assert not ok([(1.0, w(-0.5, 1.0, 0.5), "Categorical")])  # a baseline subtracted
+    assert not ok([(1.0, w(2.0, 2.0, 2.0), "Categorical")])  # one value: a scaled likelihood
+    assert not ok([(1.0, w(3.0), "Categorical")])
 
 
 def test_a_cost_with_a_learned_baseline_is_recorded_but_the_names_keep_the_rule_silent():

@@ -185,9 +185,40 @@ def test_an_embedding_whose_padding_idx_is_a_word():
     assert e["argument"] == "padding_idx" and e["api"] == "nn.Embedding" and e["layout"] == "tokens"
 
 
-def test_one_dimensional_indices_are_not_judged():
-    ids = torch.randint(0, 20, (256,))
-    assert _events(lambda: nn.Embedding(20, 4, padding_idx=0)(ids).sum().backward()) == []
+def test_a_categorical_feature_padded_with_a_real_category_is_found():
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 7, (48,), generator=g) for _ in range(4)]
+
+    def run():
+        emb = nn.Embedding(7, 4, padding_idx=0)
+        for ids in batches:  # counted over the calls: 48 ids a call, 128 needed
+            emb(ids).sum().backward()
+
+    (e,) = _events(run)
+    assert (e["layout"], e["value"], e["seen"]) == ("categories", 0, 144)
+    assert e["classes"] == 7 and 0.05 < e["share"] < 0.3
+
+
+def test_a_rare_missing_category_or_a_few_ids_are_not_judged():
+    g = torch.Generator().manual_seed(0)
+    shifted = torch.randint(1, 8, (256,), generator=g)
+    shifted[:5] = 0  # missing, 2%
+    assert _events(lambda: nn.Embedding(8, 4, padding_idx=0)(shifted).sum().backward()) == []
+    few = torch.randint(0, 7, (64,), generator=g)  # under 128 ids in all
+    assert _events(lambda: nn.Embedding(7, 4, padding_idx=0)(few).sum().backward()) == []
+    two = torch.randint(0, 2, (256,), generator=g)  # two categories: a flag, not judged
+    assert _events(lambda: nn.Embedding(2, 4, padding_idx=0)(two).sum().backward()) == []
+
+
+def test_a_categories_event_says_the_row_never_trains(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nemb = torch.nn.Embedding(7, 4, padding_idx=0)\n")
+    t = TraceBuilder(str(path))
+    t.put(ev.real_index(argument="padding_idx", value=0, api="nn.Embedding", size=7,
+                        layout="categories", share=0.14, median=0.14, classes=7, seen=256), 2)
+    f = only(t, SLUG)
+    assert "real category" in f.message and "never trains" in f.message
+    assert f.fix.startswith("drop padding_idx=0")
 
 
 def test_a_binary_tasks_negatives_are_a_class():

@@ -185,3 +185,40 @@ def test_a_time_major_max_over_time_is_left_when_the_labels_tell_the_batch():
     assert rec.emitted == []
     _loss_and_backward(watcher, (x * v).max(dim=0).values.pow(2).mean())  # nothing tells B
     assert [made[1]["shape"] for made in rec.emitted] == [[12, 5, 8]]
+
+
+def test_batch_axis_inside_a_samples_first_layout():
+    from graddoctor.instrument.reducebatch import batch_axis_inside
+
+    data = {(32, 8), (5, 32, 2)}  # the batch, and a draw laid out [K, B, ...]
+    assert batch_axis_inside((5, 32), [1], data, 32) == 1
+    assert batch_axis_inside((5, 32), [0], data, 32) is None  # over the samples: right
+    assert batch_axis_inside((5, 32), [1], data, None) is None  # no DataLoader: no batch known
+    assert batch_axis_inside((32, 5), [0], data, 32) is None  # the batch at dim 0: the old case
+    assert batch_axis_inside((5, 32), [1], {(5, 8)}, 32) is None  # no data of the batch below
+    assert batch_axis_inside((32, 32), [1], data, 32) is None  # (B, B): either axis
+    assert batch_axis_inside((1, 32), [1], data, 32) is None  # nothing left of its own
+    # the axis left is as long as another tensor of the data (captions against images)
+    assert batch_axis_inside((7, 32), [1], data | {(7, 5)}, 32) is None
+
+
+def test_a_samples_first_reduction_over_the_batch_points_at_the_call_with_that_dim(tmp_path):
+    text = SCRIPT.replace("torch.logsumexp(log_joint, dim=0)", "torch.logsumexp(log_joint, dim=1)")
+    path = _script(tmp_path, text)
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=3)
+    t.put(ev.reduce_batch(fn="logsumexp", shape=[5, 32], dims=[1], batch=32, batch_dim=1), 8)
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    f = only(t, SLUG)
+    assert f.location.line == 6 and "over dim 1, the batch's 32 samples" in f.message
+    assert "`torch.logsumexp(log_joint, dim=0)`" in f.fix
+    # the same event never matches a call over dim 0 (the samples: right)
+    t = TraceBuilder(_script(tmp_path, SCRIPT))
+    t.optimizer(0, P, line=3)
+    t.put(ev.reduce_batch(fn="logsumexp", shape=[5, 32], dims=[1], batch=32, batch_dim=1), 8)
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    assert findings(t, SLUG) == []

@@ -284,3 +284,65 @@ def test_hand_written_causal_attention_blocks():
     assert _events(lambda: (_Blocks(), 8), lambda m, x: m(x)[:, 0]) == [("MultiheadAttention", [0], 9)]
     assert _events(lambda: (_Blocks(), 8), lambda m, x: m(x)[:, -1]) == []
     assert _events(lambda: (_Blocks(causal=False), 8), lambda m, x: m(x)[:, 0]) == []
+
+
+class _CellLoop(nn.Module):
+    """An RNNCell unrolled by hand; its states stacked batch-first (or time-first)."""
+
+    def __init__(self, time_first=False, backward=False):
+        super().__init__()
+        self.cell, self.time_first, self.backward = nn.RNNCell(8, 8), time_first, backward
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], 8) + 0.1
+        steps = range(x.shape[1])
+        states = [None] * x.shape[1]
+        for t in (reversed(steps) if self.backward else steps):
+            h = self.cell(x[:, t], h)
+            states[t] = h
+        return torch.stack(states, 0 if self.time_first else 1)
+
+
+def test_the_watcher_finds_an_early_read_of_stacked_recurrent_states():
+    loop = lambda **kw: lambda: (_CellLoop(**kw), 8)  # noqa: E731
+    assert _events(loop(), lambda m, x: m(x)[:, 0]) == [("torch.stack", [0], 9)]
+    assert _events(loop(time_first=True), lambda m, x: m(x)[0]) == [("torch.stack", [0], 9)]
+    assert _events(loop(), lambda m, x: m(x)[:, 2]) == [("torch.stack", [2], 7)]
+    # the last step, the mean over time, a backward recurrence read at its own end: seen it all
+    assert _events(loop(), lambda m, x: m(x)[:, -1]) == []
+    assert _events(loop(time_first=True), lambda m, x: m(x).mean(0)) == []
+    assert _events(loop(backward=True), lambda m, x: m(x)[:, 0]) == []
+    assert _events(loop(), lambda m, x: m(x).flatten(1)[:, :8]) == [("torch.stack", [0], 9)]
+
+
+def test_forward_recurrence_needs_each_step_built_on_the_one_before():
+    from graddoctor.instrument.causalread import forward_recurrence
+
+    w = torch.randn(4, 4, requires_grad=True)
+    h, chain = torch.zeros(2, 4), []
+    for _ in range(4):
+        h = torch.tanh(h @ w + 1)
+        chain.append(h)
+    assert forward_recurrence(chain)
+    assert not forward_recurrence(chain[::-1])  # a backward recurrence in time order
+    x = torch.randn(4, 2, 4)
+    independent = [torch.tanh(x[t] @ w) for t in range(4)]  # per-step projections
+    assert not forward_recurrence(independent)
+    assert not forward_recurrence([chain[0]] * 3)  # one tensor stacked again
+    assert not forward_recurrence([c.detach() for c in chain])
+
+
+def test_the_stack_wrapper_is_put_back_after_the_window():
+    original = torch.stack
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        assert torch.stack is not original
+        lin = nn.Linear(2, 1)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        for _ in range(12):
+            loss = lin(torch.randn(4, 2)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert torch.stack is original
+    assert torch.stack is original

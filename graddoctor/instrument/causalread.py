@@ -27,6 +27,14 @@ model trains and is silently bad. Read from gradients, at the first ``WINDOW`` b
   same positions (a position drawn anew for each batch, as CPC reads its context, is a
   design): ``causal_read_early`` (an aside at the module's call), once per run.
 
+A recurrence unrolled by hand is read the same way: ``torch.stack`` is wrapped for the window
+(put back with it) and a stack of ``_MIN_STEPS`` tensors or more along dim 0 or 1, each a step's
+state whose graph reaches the state of the step before within ``_STEP_NODES`` nodes (breadth
+first) while the first's does not reach the second's (``h = cell(x[:, t], h); hs.append(h)``,
+an Elman step written with matrices, a spiking neuron's membrane), gets a hook on its node
+(``Node.register_prehook``: it reads the gradient arriving at the stack) judged like a
+one-direction module's output, every position counted as filled (``module="torch.stack"``).
+
 A bidirectional RNN is two causal modules side by side: read at its last step only
 (``out[:, -1]``), both together have seen everything, but the backward direction there has read
 a single position. That is the same verdict for one direction (``direction`` in the event),
@@ -49,6 +57,7 @@ graddoctor's own probes (no script backward runs).
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from threading import get_ident
 
 import torch
@@ -56,13 +65,17 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .patcher import check_hook
+from .inlinable import watched_call
+from .patcher import check_hook, put_back
 from .recorder import Recorder
 from .topics import STEPPED
 
 WINDOW = 8  # backwards watched, from the first one
 _OUTPUTS = 8  # outputs noted per backward at most
 _MIN_ROWS_SPREAD = 2  # rows needed to tell a fixed read from one that varies (else one position)
+_STACKS = 16  # stacks of recurrent steps watched per backward at most
+_MIN_STEPS = 3  # steps a stack of recurrent states holds, at least
+_STEP_NODES = 64  # graph nodes walked back from one step's state to find the step before
 
 _tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
 
@@ -201,6 +214,44 @@ def short_direction(nonzero: torch.Tensor, forward: tuple[bool, ...], filled: to
     return None
 
 
+def forward_recurrence(steps) -> bool:
+    """Whether ``steps`` (the tensors given to one ``torch.stack``) are the states of a
+    recurrence run forward: all of one shape, each with a graph, the second's and the last's
+    graphs reaching the step just before theirs within ``_STEP_NODES`` nodes (``h = f(x_t, h)``),
+    the first's not reaching the second's (a backward recurrence stacked in time order reads the
+    other way)."""
+    first = steps[0]
+    if not isinstance(first, torch.Tensor) or first.dim() < 1 or first.dim() > 3:
+        return False
+    shape = first.shape
+    for step in steps:
+        if not isinstance(step, torch.Tensor) or step.grad_fn is None or step.shape != shape:
+            return False
+    nodes = [step.grad_fn for step in steps]
+    if len(set(map(id, nodes))) != len(nodes):
+        return False  # one tensor stacked several times: no sequence of steps
+    last = len(steps) - 1
+    return _reaches(nodes[1], nodes[0]) and _reaches(nodes[last], nodes[last - 1]) \
+        and not _reaches(nodes[0], nodes[1])
+
+
+def _reaches(root, target) -> bool:
+    """Breadth first: the step before is a few nodes away, while a depth-first walk could go
+    down another chain (a spiking layer's input membrane) through every earlier step."""
+    seen, queue = set(), deque([root])
+    while queue:
+        node = queue.popleft()
+        if node is None or node in seen:
+            continue
+        if node is target and node is not root:
+            return True
+        if len(seen) >= _STEP_NODES:
+            return False
+        seen.add(node)
+        queue.extend(child for child, _ in node.next_functions)
+    return False
+
+
 class _Watch:
     __slots__ = ("module", "time_dim", "forward", "filled", "loc", "turn", "done", "final",
                  "handles", "__weakref__")
@@ -233,9 +284,17 @@ class CausalReadWatcher:
         # differed), and how many verdicts it had
         self._sites: dict[tuple, object] = {}
         self._seen_at: dict[tuple, int] = {}
+        self._restore: list = []  # (owner, name, original, wrapper): torch.stack, put back
+        self._stacks = 0  # stacks of recurrent states watched since the last backward
 
     def _stop(self) -> None:
         self.active = False
+        restore, self._restore = self._restore, []
+        for owner, name, original, wrapper in restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
+            except Exception as exc:
+                self.rec.internal_error("causal read (stack)", exc)
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
@@ -354,6 +413,64 @@ class CausalReadWatcher:
         self._watches.append(watch)
         self._noted += 1
 
+    # -- recurrences unrolled by hand: their states stacked -----------------------------------
+    def _stacked(self, args, kwargs, result) -> None:
+        """``torch.stack`` (wrapped for the window): a stack of the states of a recurrence the
+        script unrolls itself (``h = cell(x[:, t], h); hs.append(h)``, a spiking neuron's
+        membrane) gets a hook on its node, judged like a recurrent module's output."""
+        if not self.active or self._told or self._stacks >= _STACKS \
+                or not isinstance(result, torch.Tensor) or result.grad_fn is None \
+                or get_ident() != self.rec.script_thread:
+            return
+        try:
+            steps = args[0] if args else kwargs.get("tensors")
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            if not isinstance(steps, (list, tuple)) or len(steps) < _MIN_STEPS \
+                    or not isinstance(dim, int):
+                return
+            time_dim = dim % result.dim()
+            if time_dim > 1 or result.dim() > 4 or not forward_recurrence(steps):
+                return
+            self._note_stack(result, time_dim)
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("causal read (stack)", exc)
+
+    def _note_stack(self, result: torch.Tensor, time_dim: int) -> None:
+        length = int(result.shape[time_dim])
+        # the rows: the steps' leading axis (a batch); steps of one axis stacked first are one
+        # sequence's (its features, no batch)
+        batched = time_dim == 1 or result.dim() >= 3
+        watch = _Watch("torch.stack", time_dim, (True,), torch.ones(length, dtype=torch.bool),
+                       self.rec.here(), self._backwards)
+        watcher = self
+
+        def hook(grad_outputs, watch_ref=weakref.ref(watch), batched=batched):
+            watch = watch_ref()
+            try:
+                grad = grad_outputs[0] if grad_outputs else None
+                if not isinstance(grad, torch.Tensor) or watch is None or watch.done \
+                        or watcher._told or not watcher.active \
+                        or not (watcher.rec.running_backwards and watcher.rec.in_backward()):
+                    return None
+                watch.done = True
+                with torch.no_grad():
+                    g = grad.detach()
+                    if not batched:
+                        g = g.unsqueeze(0) if watch.time_dim == 0 else g
+                    elif watch.time_dim == 0:
+                        g = g.transpose(0, 1)
+                    rows, length = int(g.shape[0]), int(g.shape[1])
+                    nonzero = (g.reshape(rows, length, -1) != 0).any(2, keepdim=True).cpu()
+                watcher._judge_nonzero(watch, nonzero, rows, length)
+            except Exception as exc:
+                watcher.rec.internal_error("causal read (gradient)", exc)
+            return None
+
+        watch.handles.append(check_hook(result.grad_fn.register_prehook(hook)))
+        self._watches.append(watch)
+        self._stacks += 1
+
     def _mixer(self, output) -> None:
         out = output[0] if isinstance(output, (tuple, list)) and output else output
         if isinstance(out, torch.Tensor) and out.grad_fn is not None and len(self._mixers) < 64:
@@ -389,6 +506,9 @@ class CausalReadWatcher:
             rows, length, width = g.shape
             directions = len(watch.forward)
             nonzero = (g.reshape(rows, length, directions, width // directions) != 0).any(3).cpu()
+        self._judge_nonzero(watch, nonzero, rows, length)
+
+    def _judge_nonzero(self, watch: _Watch, nonzero: torch.Tensor, rows: int, length: int) -> None:
         found = unread_positions(nonzero, watch.forward, watch.filled)
         direction = None
         if found is None:
@@ -433,6 +553,7 @@ class CausalReadWatcher:
             if self.active:
                 self._backwards += 1
                 self._noted = 0
+                self._stacks = 0
                 self._mixers, self._through = set(), {}
                 # an output of an earlier turn that got no gradient will get none now
                 kept = []
@@ -475,4 +596,7 @@ class CausalReadWatcher:
         self._handles = register_module_hooks(patcher, self._pre, None, classes=_TRANSFORMERS) + \
             register_module_hooks(patcher, None, self._post,
                                   classes=(*_TRANSFORMERS, nn.MultiheadAttention, nn.RNNBase))
+        original = torch.stack
+        wrapper = patcher.patch(torch, "stack", watched_call(original, self._stacked))
+        self._restore.append((torch, "stack", original, wrapper))
         self.active = True

@@ -28,11 +28,15 @@ the loss's linear top is walked with each term's sign (lossterms.py's ``signed_w
 A weight that is ``R - V`` (equal, or correlated 0.98 or more element by element; for weights
 that are single numbers, one per term, the same multiset of values) is oriented as a reward; its
 negation as a cost. A reward-oriented weight minimised (or a cost-oriented one maximised) makes a
-``policy_sign`` aside at the backward, once per backward line. Nothing is said without a critic
-in the same loss, for a weight that is neither (returns alone, normalised returns of a REINFORCE
-without critic), or for weights symmetric around zero (both orientations fit).
+``policy_sign`` aside at the backward, once per backward line. Without a critic in the same
+loss, a REINFORCE's returns orient themselves when they are never negative and not one value
+(``critic="none"``, ``weight="return"``): minimised, their product with the log-probabilities
+lowers the probability of every action taken, the best-rewarded most. Log-probabilities are
+also those picked from a ``log_softmax`` along its last axis (``gather``), found in the graph
+itself. Nothing is said for a weight that is neither (normalised returns of a REINFORCE without
+critic, a baseline subtracted), or for weights symmetric around zero (both orientations fit).
 
-Cost: at the first backwards of each line after log-probabilities only: a walk of the loss's
+Cost: at the first backwards of each line only: a walk of the loss's
 linear top (``_NODES`` nodes), a walk below each product found, and a few small CPU reductions
 per pair of a weight and a critic; CPU tensors only (no host sync on a GPU).
 """
@@ -172,6 +176,22 @@ def _critic_diff(node, name: str) -> tuple[str, torch.Tensor] | None:
     return _composite_critic(node)
 
 
+def picked_log_softmax(node, name: str) -> bool:
+    """Whether ``node`` picks entries of a log-softmax's result along its last axis
+    (``F.log_softmax(logits, -1).gather(1, actions)``): the log-probabilities of chosen actions."""
+    if name != "GatherBackward0" or not node.next_functions:
+        return False
+    child = node.next_functions[0][0]
+    if child is None or type(child).__name__ != "LogSoftmaxBackward0":
+        return False
+    dim, soft = saved(node, "_saved_dim"), saved(child, "_saved_dim")
+    ndim = saved(child, "_saved_result")
+    ndim = ndim.dim() if isinstance(ndim, torch.Tensor) else None
+    if not isinstance(dim, int) or not isinstance(soft, int) or not ndim:
+        return False
+    return dim % ndim == soft % ndim == ndim - 1
+
+
 def _plain_any(value) -> torch.Tensor | None:
     """A saved tensor (with or without gradient: the value, the difference) as a float CPU copy."""
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
@@ -195,7 +215,10 @@ class PolicySignWatcher:
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
-        if not self._noted:
+        # log-probabilities picked from a log_softmax (``gather``) are found in the graph itself,
+        # so the first backwards of each line are looked at whatever ``log_prob`` noted
+        if self._lines.exhausted:
+            self._noted = {}
             return {}
         try:
             loc = self.rec.here()
@@ -213,7 +236,7 @@ class PolicySignWatcher:
         noted = self._noted
 
         def visit(n, sign, name, children) -> bool:
-            if n in noted:
+            if n in noted or picked_log_softmax(n, name):
                 found[n] = sign if found.get(n, sign) == sign else 0.0
                 return True
             return False
@@ -235,7 +258,7 @@ class PolicySignWatcher:
                     if below:
                         signs = set(below.values())
                         if len(signs) == 1:
-                            dist = self._noted[next(iter(below))]
+                            dist = self._noted.get(next(iter(below)), "log_softmax")
                             terms.append((sign * signs.pop(), w, dist))
                         return True
                     return False
@@ -246,7 +269,14 @@ class PolicySignWatcher:
                 return False
 
             signed_walk(root, _NODES, visit)
-            if not terms or not diffs:
+            if terms and not diffs:
+                if self._returns_minimised(terms):
+                    self._done.add(loc)
+                    self.rec.emit_aside(ev.policy_sign(dist=terms[0][2], critic="none",
+                                                       weight="return", sign="minimised"), loc)
+                    return
+                continue
+            if not terms:
                 continue
             signs = {s for s, _, _ in terms}
             if len(signs) != 1:
@@ -260,6 +290,19 @@ class PolicySignWatcher:
                                                weight="advantage" if orientation > 0 else "cost",
                                                sign="minimised" if sign > 0 else "maximised"), loc)
             return
+
+    @staticmethod
+    def _returns_minimised(terms: list) -> bool:
+        """A REINFORCE without a critic minimised along its returns: every term held with a
+        positive sign, its weights never negative, not one value (a scaled log-likelihood), at
+        least two of them (a return per action) and some above zero. Returns of both signs
+        (a baseline subtracted, standardised returns) orient nothing."""
+        if any(sign <= 0 for sign, _, _ in terms):
+            return False
+        weights = torch.cat([w for _, w, _ in terms])
+        if weights.numel() < 2 or bool((weights < 0).any()) or float(weights.max()) <= 0.0:
+            return False
+        return float(weights.max() - weights.min()) > 1e-6 * float(weights.max())
 
     # -- install -----------------------------------------------------------------------------
     def install(self, patcher) -> None:

@@ -33,8 +33,12 @@ optimizer steps and the first ``CALLS`` calls (nothing after them):
 * ``F.embedding`` with a ``padding_idx`` over a 2-D CPU token batch (either orientation): the
   padding id inside the rows at ``INSIDE_SHARE`` of the content or more, mostly alone (a real
   token is seldom repeated; padding between segments comes in runs), as frequent as a token
-  there (``_like_a_class``). One-dimensional indices are not judged: a table whose
-  ``padding_idx`` is a "missing" category is a choice the data cannot tell apart.
+  there (``_like_a_class``).
+* ``F.embedding`` with a ``padding_idx`` over a 1-D CPU batch of ids (a categorical feature, one
+  id per sample: nothing to pad): the pad id, counted over the first calls (``COUNT_FROM`` ids),
+  as frequent as the median other category and at most ``HIGH`` times the largest
+  (``layout="categories"``). A "missing" marker rarer than that is left alone; one as frequent
+  as a category is told as one (its row never trains either way).
 
 Where it points: the module's construction (``nn.CrossEntropyLoss``, ``nn.NLLLoss`` and
 ``nn.Embedding`` record theirs when given the argument), else the call's line. One
@@ -309,9 +313,10 @@ class RealIndexWatcher:
         if self._embedding_calls > CALLS or self.rec.progress.steps >= STEPS:
             return
         if not (isinstance(tokens, torch.Tensor) and isinstance(weight, torch.Tensor)
-                and isinstance(pad, int) and weight.dim() == 2 and tokens.dim() == 2
+                and isinstance(pad, int) and weight.dim() == 2 and tokens.dim() in (1, 2)
                 and not tokens.is_floating_point() and tokens.dtype != torch.bool
-                and tokens.device.type == "cpu" and tokens.shape[0] >= 2 and tokens.shape[1] >= 2
+                and tokens.device.type == "cpu" and tokens.shape[0] >= 2
+                and (tokens.dim() == 1 or tokens.shape[1] >= 2)
                 and tokens.numel() <= MAX_CELLS):
             return
         vocab = int(weight.shape[0])
@@ -322,13 +327,36 @@ class RealIndexWatcher:
         if loc is None or not self._read(key, tokens):
             return
         with torch.no_grad():
-            found = token_inside(tokens.detach(), pad, vocab)
+            if tokens.dim() == 1:
+                found = self._category(key, tokens.detach(), pad, vocab)
+            else:
+                found = token_inside(tokens.detach(), pad, vocab)
         if found is None:
             return
         self._told.add(key)
         self.rec.emit_aside(ev.real_index(argument="padding_idx", value=pad,
                                           api="nn.Embedding" if site is not None else "F.embedding",
                                           size=vocab, **found), loc)
+
+    def _category(self, key, ids, value: int, vocab: int) -> dict | None:
+        """One id per sample (a categorical feature): no row to pad, so ``padding_idx`` marks a
+        category. Counted over the calls read (``COUNT_FROM`` ids at least, ``MIN_COUNT`` of the
+        pad id), the pad id is judged like a class (``_like_a_class``): as frequent as the
+        median other category (a rare "missing" marker is left alone), at most ``HIGH`` times
+        the largest, three categories seen at least."""
+        kept = ids[(ids >= 0) & (ids < vocab)]
+        counts = torch.bincount(kept, minlength=vocab)[:vocab].double()
+        before = self._counts.get(key)
+        counts = counts if before is None or before.numel() != counts.numel() else before + counts
+        self._counts[key] = counts
+        total = float(counts.sum())
+        if total < COUNT_FROM or float(counts[value]) < MIN_COUNT or int((counts > 0).sum()) < 3:
+            return None
+        found = _like_a_class(counts, value, HIGH, TOKEN_MAJORITY)
+        if found is None:
+            return None
+        return {"layout": "categories", "share": found["share"], "median": found["median"],
+                "classes": found["classes"], "seen": int(total)}
 
     def install(self, patcher) -> None:
         self._forwards = (nn.CrossEntropyLoss.forward.__code__, nn.NLLLoss.forward.__code__)

@@ -23,6 +23,13 @@ over the rows on purpose; a time-major (T, B, H) output max-pooled over time, it
 as the labels), and when its input is not straight a (log-)softmax's result over
 another axis (the log of the batch's marginal distribution, an entropy of cluster assignments).
 
+A reduction that leaves dim 0 is a candidate in a samples-first layout (``batch_axis_inside``):
+the one axis other than 0 as long as the DataLoader's latest batch (dim 0 not that long) among
+its dimensions, a tensor of data with that leading size read below it, an axis longer than 1
+left, and no axis left as long as the leading size of another tensor of the data unless that
+tensor is itself laid out samples-first (a draw of [K, B, ...]): IWAE's ``logsumexp(log_w,
+dim=1)`` on [K, B] (``batch_dim`` in the event).
+
 A candidate is reported only if the loss depends on it: its node gets a hook
 (``Node.register_prehook``, which reads the gradient arriving at the reduction's result and
 returns None) and a ``reduce_batch`` aside event is emitted when that gradient is not zero
@@ -76,6 +83,50 @@ def _data_leading(root, limit: int) -> set[int]:
                     and value.grad_fn is None:
                 sizes.add(int(value.shape[0]))
     return sizes
+
+
+def _data_shapes(root, limit: int) -> set[tuple]:
+    """The shapes of the tensors without gradient (data, targets, draws) that the nodes below
+    ``root`` saved as inputs."""
+    shapes: set[tuple] = set()
+    for node in post_order(root, limit) or ():
+        outputs = ("_saved_result", "_saved_indices") if type(node).__name__.startswith(_INDEXING) \
+            else ("_saved_result",)
+        for name in dir(node):
+            if not name.startswith("_saved_") or name.startswith(outputs):
+                continue
+            value = saved(node, name)
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and not value.requires_grad \
+                    and value.grad_fn is None:
+                shapes.add(tuple(int(s) for s in value.shape))
+    return shapes
+
+
+def batch_axis_inside(shape: tuple, axes: list[int], data_shapes: set[tuple],
+                      loader_batch: int | None) -> int | None:
+    """The batch axis of a samples-first layout (``[K, B]`` importance weights, ``[S, B, C]``
+    Monte-Carlo draws) that a reduction over ``axes`` takes: the one axis other than 0 as long
+    as the DataLoader's latest batch, dim 0 not that long, the batch read below as the leading
+    dimension of a tensor of data, and each axis left that is longer than 1 no length of
+    another tensor of the data (captions against images: each caption's reduction over the
+    images) unless that tensor is laid out samples-first too (a draw of ``[K, B, ...]``).
+    None otherwise (and for a batch at dim 0: ``reduced_over_batch``'s)."""
+    if loader_batch is None or loader_batch < 2 or len(shape) < 2 or shape[0] == loader_batch:
+        return None
+    at = [i for i in range(1, len(shape)) if shape[i] == loader_batch]
+    if len(at) != 1 or at[0] not in axes:
+        return None
+    batch = at[0]
+    if not any(s and s[0] == loader_batch for s in data_shapes):
+        return None
+    left = [shape[i] for i in range(len(shape)) if i not in axes]
+    if not any(size > 1 for size in left):
+        return None
+    for size in left:
+        if size > 1 and any(s[0] == size and (len(s) < 2 or s[1] != loader_batch)
+                            for s in data_shapes):
+            return None
+    return batch
 
 
 def _dims(node) -> tuple[int, ...] | None:
@@ -173,7 +224,15 @@ class ReduceBatchWatcher:
                     continue
                 axes = sorted({d % len(shape) for d in dims})
                 key = (fn, shape, tuple(axes))
-                if key in self._told or 0 not in axes or _is_distribution(node, len(shape)):
+                if key in self._told or _is_distribution(node, len(shape)):
+                    continue
+                if 0 not in axes:
+                    batch = batch_axis_inside(shape, axes, _data_shapes(node, _BELOW), loader_batch)
+                    if batch is not None:
+                        made = ev.reduce_batch(fn=fn, shape=list(shape), dims=axes,
+                                               batch=shape[batch], batch_dim=batch)
+                        self._handles.append(check_hook(node.register_prehook(
+                            self._depends(key, made, loc))))
                     continue
                 if not reduced_over_batch(shape, dims, _data_leading(node, _BELOW), loader_batch):
                     continue

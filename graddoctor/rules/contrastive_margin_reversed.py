@@ -161,7 +161,11 @@ class ContrastiveMarginReversed(Rule):
     reads the source of the files a backward ran from: the sides by their names (chosen /
     rejected, winner / loser, good / bad) through the names bound before the loss in its scope,
     the reference model's terms left out; the loss as a name with `loss` in it, a loss-named
-    function's return, or a backpropagated expression.
+    function's return, or a backpropagated expression. A preference loss the file defines as a
+    function (its parameters naming the two sides, `dpo_loss(pi_chosen, pi_rejected, ...)`, its
+    body a `logsigmoid`/`softplus`/hinge) called with arguments that name the other side at two
+    parameters or more and the same side at none (`dpo_loss(logp(policy, rejected),
+    logp(policy, chosen), ...)`, positionally or by keyword) is reported at the call.
 
     ## Why is this bad?
     Both kinds of contrastive pairs are pulled together: nothing ever pushes two classes apart,
@@ -199,7 +203,10 @@ class ContrastiveMarginReversed(Rule):
     right orientation with the reference log-ratio subtracted; pos / neg names (a triplet loss
     lowers its positive's distance: the same names mean the other direction); a KL penalty
     subtracted from a reward, or added to a loss; DPO's implicit rewards
-    (`beta * (chosen_logps - ref_chosen_logps)`).
+    (`beta * (chosen_logps - ref_chosen_logps)`); a preference loss called in its parameters'
+    order or by keyword, a helper whose parameters name no side (`margin_loss(a, b)`), a call
+    swapped at some parameters and not at others. Not seen: a reference model's terms named
+    without `ref` (`rp`), whose log-ratios then hold each side with both signs.
     """
 
     code = "GD335"
@@ -237,6 +244,18 @@ class ContrastiveMarginReversed(Rule):
                     Location(path, line), evidence={"term": term, "pair": f"{side}/{other}"},
                     fix=f"put the {side} side first: `-F.logsigmoid({side} - {other})` "
                         f"(or `F.softplus({other} - {side})`)")
+            for line, call, function, side in swapped_preference_calls(tree):
+                other = {"chosen": "rejected", "winner": "loser", "good": "bad"}[side]
+                yield self.finding(
+                    f"`{call}` passes the {other} side where `{function}`'s parameters take the "
+                    f"{side} one and the {side} side where they take the {other}: the loss "
+                    f"`{function}` computes raises the {other} responses' score (or log-ratio) "
+                    f"above the {side} ones', the preference learned backwards while the loss "
+                    f"falls as it should",
+                    Location(path, line), evidence={"term": call, "pair": f"{side}/{other}",
+                                                    "function": function},
+                    fix=f"pass the arguments in the order `{function}` names its parameters "
+                        f"(the {side} side where it takes the {side} one), or by keyword")
             for line, term, distance in reversed_margins(tree):
                 yield self.finding(
                     f"`{term}` hinges the dissimilar pairs on `{distance}` minus the margin: the "
@@ -560,3 +579,56 @@ def _kl_leaves(node: ast.AST, bound: dict, depth: int, sign: int) -> list | None
             if inner is not None:
                 return inner
     return [(sign, None)]
+
+
+def _is_preference_loss(function: ast.AST) -> bool:
+    """Whether a function's body holds an increasing pairwise loss (``logsigmoid``, ``softplus``,
+    ``log(sigmoid(x))``, a hinge)."""
+    return any(isinstance(node, ast.Call) and _judged(node) is not None
+               for node in ast.walk(function))
+
+
+def swapped_preference_calls(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``(line, call, function, the raised side)`` of each call of a preference loss the file
+    defines (a function whose parameters name the two sides of one pair, ``pi_chosen``,
+    ``pi_rejected``, and whose body holds a pairwise loss) given, at two parameters or more, an
+    argument naming the other side of that pair (``dpo_loss(logp(policy, rejected),
+    logp(policy, chosen), ...)``) and at none the same side."""
+    functions: dict = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [a.arg for a in node.args.args]
+            sides = {i: _side(ast.Name(id=name)) for i, name in enumerate(params)}
+            sides = {i: side for i, side in sides.items() if side is not None}
+            kinds = {side for side in sides.values()}
+            if len({pair for pair, _ in kinds}) == 1 and len({s for _, s in kinds}) == 2 \
+                    and _is_preference_loss(node):
+                functions.setdefault(node.name, []).append((params, sides))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or _last_name(node.func) not in functions \
+                or any(isinstance(a, ast.Starred) for a in node.args):
+            continue
+        for params, sides in functions[_last_name(node.func)]:
+            offset = 1 if params and params[0] in ("self", "cls") \
+                and isinstance(node.func, ast.Attribute) else 0
+            given = {i + offset: arg for i, arg in enumerate(node.args)}
+            given.update({params.index(k.arg): k.value for k in node.keywords
+                          if k.arg in params})
+            swapped = same = 0
+            for i, side in sides.items():
+                arg = given.get(i)
+                have = _side(arg) if arg is not None else None
+                if have is None or have[0] != side[0]:
+                    continue
+                if have[1] == side[1]:
+                    same += 1
+                else:
+                    swapped += 1
+            if swapped >= 2 and not same:
+                pair = next(iter(sides.values()))[0]
+                text = ast.unparse(node)
+                found.append((node.lineno, text if len(text) <= 120 else text[:117] + "...",
+                              _last_name(node.func), _SHOWN[pair]))
+                break
+    return found

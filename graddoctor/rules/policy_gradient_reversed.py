@@ -39,7 +39,11 @@ class PolicyGradientReversed(Rule):
     not whether the return is a reward or a cost, so the rule speaks only when the script's line
     that makes the policy-gradient term names its weight a reward's (an advantage, a return, a
     reward, GAE, a TD error) and no cost's. It points at that line, or, for a difference written
-    the other way round, at the assignment of the advantage.
+    the other way round, at the assignment of the advantage. Without a critic, a REINFORCE is
+    found the same way when its weights (the returns) are never negative and not all one value,
+    and the loss minimises their product with the log-probabilities: log-probabilities from
+    `torch.distributions` or picked from a `log_softmax` over its last axis
+    (`F.log_softmax(logits, -1).gather(1, actions)`), the line naming the weight a reward's.
 
     ## Why is this bad?
     The policy gradient raises the log-probability of each action in proportion to its
@@ -67,13 +71,14 @@ class PolicyGradientReversed(Rule):
     `-log_prob * advantage`, a normalised advantage); a weight oriented as a cost
     (`log_prob * (V - R)` minimised; REINFORCE on a cost with a learned baseline, the routing
     attention model's `((cost - bl_val) * log_likelihood).mean()` next to `mse_loss(bl_val,
-    cost)`: the graph reads R - V there too, the names say R is a cost); a REINFORCE without a critic in the loss (returns alone or normalised: the
-    data, not the graph, says whether they are rewards); weights symmetric around zero (both
-    orientations fit); PPO's clipped surrogate (`surrogate-minimised`'s); an advantage that
+    cost)`: the graph reads R - V there too, the names say R is a cost); a REINFORCE without a
+    critic whose returns take both signs (a baseline subtracted, standardised returns) or are
+    named a cost's (`(tour_cost * log_prob).mean()`), a log-likelihood weighted by positive
+    importance weights with its minus; weights symmetric around zero (both orientations fit); PPO's clipped surrogate (`surrogate-minimised`'s); an advantage that
     still carries gradient (`advantage-not-detached`'s). Not seen: the actor's and the critic's
-    losses backpropagated separately (the critic is not in the actor's graph), log-probabilities
-    made without `torch.distributions` (`log_softmax(...).gather(...)`), tensors on an
-    accelerator.
+    losses backpropagated separately (the critic is not in the actor's graph), a critic's
+    advantage beside log-probabilities made without `torch.distributions`, a REINFORCE whose
+    weight is named neither a reward's nor a cost's (`score`), tensors on an accelerator.
     """
 
     code = "GD317"
@@ -97,6 +102,17 @@ class PolicyGradientReversed(Rule):
                 if made is not None:
                     loc, text = Location(backward.path, made[0], backward.function), made[1]
             shown = f"`{text}`"
+            if event["critic"] == "none":
+                yield self.finding(
+                    f"{shown} multiplies the log-probability of the chosen actions by returns that "
+                    f"are all zero or positive, with no critic or baseline, and the loss minimises "
+                    f"that product: the optimizer lowers the probability of every action taken, "
+                    f"the better-rewarded ones most, so the policy moves away from what earned "
+                    f"reward while the loss falls",
+                    loc, fix=("negate the policy-gradient term: loss = -(log_prob * returns).sum() "
+                              "(or .mean()), and subtract a baseline to lower its variance"),
+                    evidence={k: event[k] for k in ("dist", "critic", "weight", "sign")})
+                continue
             critic = _CRITIC.get(event["critic"], "regression of the value")
             if event["weight"] == "advantage":
                 how = (f"multiplies the log-probability by the return minus the critic's value (the "

@@ -13,7 +13,9 @@ class RealIndexIgnored(Rule):
     token: one of the classes the model outputs that occurs in one-label-per-sample targets
     about as often as the other classes; a label inside the rows of sequence targets (not only
     in the run that pads each row's end); a padding id that stands alone inside the token rows
-    as often as a word does.
+    as often as a word does; a padding id of a categorical feature embedded one id per sample
+    (nothing to pad) that is as frequent as the other categories (counted over the first
+    calls, 128 ids at least, three categories or more).
 
     ## Why is this bad?
     `ignore_index` drops every position with that label from the loss, and `padding_idx` gives
@@ -43,10 +45,14 @@ class RealIndexIgnored(Rule):
     `ignore_index` that only pads the rows (the runs at their ends); a token loss ignoring its
     embedding's pad id (a masked LM's "no label" positions); a genuinely rare ignored label
     (an "unlabelled" marker on a few samples) or one on most of them; `padding_idx` that only
-    fills the rows' ends, left or right; padding between segments (runs of it inside the rows).
-    Not judged: `padding_idx` over one-dimensional indices (a "missing" category given a zero
-    vector on purpose looks the same), segmentation targets (3-D and more), tensors on a GPU
-    after the first optimizer step.
+    fills the rows' ends, left or right; padding between segments (runs of it inside the rows);
+    a categorical feature whose pad id marks a missing value rarer than half the median
+    category (categories shifted by one, 0 for missing), or a flag of two values. Not told
+    apart: a "missing" value as frequent as a category given a zero vector on purpose (reported:
+    its row never trains either way). Not seen: several categorical fields offset into one
+    table and embedded as a (batch, fields) tensor (its first field's pad id reads as left
+    padding). Not judged: segmentation targets (3-D and more), tensors on a GPU after the first
+    optimizer step.
     """
 
     code = "GD165"
@@ -75,6 +81,10 @@ class RealIndexIgnored(Rule):
             elif layout == "rows":
                 seen = (f"{value} is {share:.0%} of the labels, inside the rows like the other "
                         f"classes (the median class has {e['median']:.0%})")
+            elif layout == "categories":
+                seen = (f"{value} is {share:.0%} of the {e['seen']} ids it embedded, one per "
+                        f"sample like the other {e['classes'] - 1} categories (the median one has "
+                        f"{e['median']:.0%}), and one id per sample has no padding")
             else:
                 seen = (f"token {value} stands alone inside the rows like a word, at {share:.0%} "
                         f"of the real positions ({e['inside']} times; the median token has "
@@ -89,6 +99,13 @@ class RealIndexIgnored(Rule):
                 else:
                     fix = (f"remove {written} (class {value} is real); if some positions must be "
                            "skipped, label them -100")
+            elif layout == "categories":
+                what = (f"{api}'s {written} is a real category: {seen}. The padding row gets no "
+                        f"gradient and stays at its initial zeros, so category {value}'s vector "
+                        f"never trains and the model cannot tell it from a missing value")
+                fix = (f"drop {written} (nothing is padded in a categorical feature); to keep a "
+                       f"row for missing values, shift the categories by one (ids + 1) and pad "
+                       f"with 0, or give missing values a row of their own that trains")
             else:
                 what = (f"{api}'s {written} is a real token: {seen}. The padding row gets no "
                         f"gradient, so token {value}'s vector never trains")

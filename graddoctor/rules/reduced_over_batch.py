@@ -53,9 +53,9 @@ def first_axis_dims(text: str) -> tuple[int, ...] | None:
     return None
 
 
-def _over_first(text: str, ndim: int) -> bool:
+def _over_first(text: str, ndim: int, axis: int = 0) -> bool:
     dims = first_axis_dims(text)
-    return dims is not None and any(d in (0, -ndim) for d in dims)
+    return dims is not None and any(d in (axis, axis - ndim) for d in dims)
 
 
 def _with_dim(text: str, dim: int) -> str | None:
@@ -78,6 +78,36 @@ def _with_dim(text: str, dim: int) -> str | None:
     return None
 
 
+def _samples_first_fix(text: str, event, axis: int) -> str:
+    left = [i for i in range(len(event["shape"])) if i not in event["dims"]]
+    if len(left) == 1:
+        size = event["shape"][left[0]]
+        return (f"reduce over dim {left[0]} (the axis of {size} each sample "
+                f"owns: its importance samples, draws or heads), not dim {axis} (the batch), e.g. "
+                f"`{_replace_dim(text, axis, left[0]) or text}`")
+    return f"reduce over the axis each sample owns, not dim {axis} (the batch)"
+
+
+def _replace_dim(text: str, old: int, new: int) -> str | None:
+    """The call's source with its literal dim ``old`` written as ``new`` (keyword or the first
+    argument that names it); None when it is written otherwise."""
+    try:
+        call = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    for keyword in call.keywords:
+        if keyword.arg == "dim" and isinstance(keyword.value, ast.Constant):
+            keyword.value = ast.Constant(new)
+            return ast.unparse(call)
+    position = 1 if _receiver_is_module(call.func) or isinstance(call.func, ast.Name) else 0
+    if len(call.args) > position and isinstance(call.args[position], ast.Constant):
+        call.args[position] = ast.Constant(new)
+        return ast.unparse(call)
+    return None
+
+
 class ReducedOverBatch(Rule):
     """
     ## What it does
@@ -91,7 +121,12 @@ class ReducedOverBatch(Rule):
     is laid out like a batch of samples (dim 0 as long as the data or targets the graph read and
     the DataLoader's batch, another axis longer than 1, not a square (B, B) matrix), an axis
     longer than 1 is left after it, and the loss depends on its result (a gradient that is not
-    zero reaches it). Reported at the call with that dim in the script.
+    zero reaches it). A samples-first layout is read too, where the batch is not dim 0: an
+    importance-weighted bound's `torch.logsumexp(log_w, dim=1)` on [K, B] log-weights, an
+    ensemble's `q.min(dim=1)` on critics stacked heads-first (heads, B): the one axis as long
+    as the DataLoader's latest batch (dim 0 not that long, a tensor of data with that leading
+    size read below) reduced while another axis longer than 1 is left. Reported at the call
+    with that dim in the script.
 
     ## Why is this bad?
     A sum or a mean over the batch is how a loss averages its samples; a log-sum-exp, a max, a
@@ -128,7 +163,10 @@ class ReducedOverBatch(Rule):
     of instances served one at a time (multiple-instance learning's max over the instances of a
     DataLoader batch of another size) and a (K, 1) bag; reductions of values without gradient
     (a target under `no_grad`, `target-reduced-over-batch`'s); one in the model's forward, which
-    `samples-mixed-in-batch` reports. Not told apart: a reduction over a batch of one sample's
+    `samples-mixed-in-batch` reports; a samples-first [K, B] tensor reduced over its K (dim 0),
+    and a (captions, images) matrix reduced over the images when the captions are data of their
+    own. Not seen: a samples-first layout without a DataLoader (nothing says which axis is the
+    batch). Not told apart: a reduction over a batch of one sample's
     instances when no DataLoader tells the bag from a batch (a bag passed as one tensor, its
     instances counted as samples); a `sum` or `mean` over the batch followed by a `log` (the
     mixture written with probabilities, `log((pi * prob).sum(0))`), which looks like a batch
@@ -142,6 +180,21 @@ class ReducedOverBatch(Rule):
                "each sample's score is combined with the other samples' instead of over its own "
                "axis")
     fix = "reduce over each sample's own axis (`dim=1` or `dim=-1`), not over dim 0 (the batch)"
+
+    def _samples_first(self, event, path, line, text, axis):
+        shape = "×".join(str(s) for s in event["shape"])
+        left = [str(s) for i, s in enumerate(event["shape"]) if i not in event["dims"]]
+        return self.finding(
+            f"`{text}` reduces a {shape} tensor over dim {axis}, the batch's {event['batch']} "
+            f"samples (a samples-first layout: the DataLoader's batch is dim {axis}), and leaves "
+            f"{'its axis of length ' if len(left) == 1 else 'its axes of sizes '}{'×'.join(left)}: "
+            f"each value the loss reads combines the {event['batch']} samples by a {event['fn']} "
+            f"instead of each sample's own values (an importance-weighted bound's K samples), so "
+            f"every sample's term depends on the others",
+            Location(path, line),
+            evidence={"fn": event["fn"], "shape": event["shape"], "dims": event["dims"],
+                      "batch": event["batch"], "batch_dim": axis},
+            fix=_samples_first_fix(text, event, axis))
 
     def check(self, a):
         events = list(a.by_kind.get("reduce_batch", ()))
@@ -157,13 +210,17 @@ class ReducedOverBatch(Rule):
             fn = event["fn"]
             path = event.loc.path
             ndim = len(event["shape"])
+            axis = event.get("batch_dim") or 0
             calls = [(line, text) for line, text, _forward in
                      a.source.calls_named(path, frozenset(_NAMES.get(fn, (fn,))))
-                     if _over_first(text, ndim) and (path, line) not in used]
+                     if _over_first(text, ndim, axis) and (path, line) not in used]
             if not calls:
                 continue
             line, text = calls[0]
             used.add((path, line))
+            if axis:
+                yield self._samples_first(event, path, line, text, axis)
+                continue
             shape = "×".join(str(s) for s in event["shape"])
             left = [str(s) for i, s in enumerate(event["shape"]) if i not in event["dims"]]
             fixed = _with_dim(text, -1 if ndim == 2 else 1)

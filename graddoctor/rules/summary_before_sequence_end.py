@@ -15,8 +15,12 @@ class SummaryBeforeSequenceEnd(Rule):
     gradient on the module's output is nonzero at the same positions in every row (`out[:, 0]`,
     `out[0]` of a seq-first layer, a fixed index or slice), and later positions that hold data
     never reach the loss. The output at position t of such a module has read positions 0..t
-    only. It points at the line that indexes the output when the script writes it with
-    constants, else at the module's call.
+    only. The same holds for a recurrence the script unrolls itself, its states stacked with
+    `torch.stack` along dim 0 or 1 (`h = cell(x[:, t], h)`, an Elman step written with matrices,
+    a spiking neuron's membrane): a stack of 3 steps or more, each built on the one before (its
+    graph reaches the previous step's), read at the same early steps only. It points at the line
+    that indexes the output when the script writes it with constants, else at the module's call
+    (the stack).
 
     ## Why is this bad?
     The summary the head is trained on has seen the first token (or the first few) only: the
@@ -49,7 +53,10 @@ class SummaryBeforeSequenceEnd(Rule):
     one but the last); positions after the read one that hold padding in every row; a
     one-direction layer over the output of a bidirectional layer, of attention without a causal
     mask or of a convolution (its early inputs have seen the later positions); a step drawn anew
-    for each batch (CPC's context predicting the steps after it).
+    for each batch (CPC's context predicting the steps after it); stacked states read at the
+    last step or pooled over time, a recurrence run backward (stacked in time order) read at
+    step 0, a stack of per-step values that do not depend on each other (projections of each
+    input step) read at slot 0.
     """
 
     code = "GD149"
@@ -94,12 +101,15 @@ class SummaryBeforeSequenceEnd(Rule):
             if e.get("direction"):
                 yield self._one_direction(a, e, loc, what)
                 continue
-            causal = ("a causal Transformer" if e["module"].startswith("Transformer")
+            causal = ("the states of a recurrence unrolled step by step and stacked with "
+                      "`torch.stack`" if e["module"] == "torch.stack"
+                      else "a causal Transformer" if e["module"].startswith("Transformer")
                       else "a causal attention layer" if e["module"] == "MultiheadAttention"
                       else f"a one-direction {e['module']}")
             seen = "the first position only" if last == 0 else f"positions 0..{last} only"
+            output = causal if e["module"] == "torch.stack" else f"{causal}'s output"
             yield self.finding(
-                f"the loss reads {what} of {causal}'s output (length {length}) and nothing after "
+                f"the loss reads {what} of {output} (length {length}) and nothing after "
                 f"it: there the output has seen {seen}, so {e['unread']} later positions of the "
                 f"sequences never reach the loss and the model learns from their start alone",
                 loc, step=a.next_step_number(e.seq),
@@ -119,6 +129,12 @@ def _direction_fix(e) -> str:
 
 
 def _fix(e, text: str | None) -> str:
+    if e["module"] == "torch.stack":
+        last = "states[-1]" if e["seq_first"] else "states[:, -1]"
+        axis = 0 if e["seq_first"] else 1
+        return (f"read the step that has seen the whole sequence, {last} (the final state), or "
+                f"pool over time (states.mean({axis}), a spiking network's membrane or spike "
+                f"count summed over its steps)")
     if e["module"].startswith("Transformer") or e["module"] == "MultiheadAttention":
         return ("read the last position (h[:, -1], or each row's last real token with padding), "
                 "or drop the causal mask for a classifier whose summary is read at position 0")
