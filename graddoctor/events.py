@@ -283,7 +283,9 @@ softmax_over_edges op ("index_add" | "scatter_add" | "scatter_reduce"), edges (t
                    first 3 backwards of a line, once per backward line (loc: the backward; an
                    aside; instrument/selfscatter.py)
 token_copy         positions (the targets compared), lookups (the embedding lookups below the
-                   loss) — a nll_loss/cross_entropy whose integer targets are, position for
+                   loss), stepwise (the ids were read one step at a time, a (batch,) lookup per
+                   step of a decoder loop, each step's ids a column of the targets) — a
+                   nll_loss/cross_entropy whose integer targets are, position for
                    position, the ids an embedding below it read, with a recurrent layer between
                    and no lookup of the targets one position later, at the first 3 backwards of
                    a line, once per backward line (loc: the backward; an aside;
@@ -1950,8 +1952,8 @@ def softmax_over_edges(*, op: str, edges: int, targets: int, fn: str) -> Made:
     return "softmax_over_edges", {"op": op, "edges": edges, "targets": targets, "fn": fn}
 
 
-def token_copy(*, positions: int, lookups: int) -> Made:
-    return "token_copy", {"positions": positions, "lookups": lookups}
+def token_copy(*, positions: int, lookups: int, stepwise: bool = False) -> Made:
+    return "token_copy", {"positions": positions, "lookups": lookups, "stepwise": stepwise}
 
 
 def token_labels_shifted(*, end: str, rows: int, values: int, classes: int, vocab: int) -> Made:

@@ -8,6 +8,7 @@ import torch
 from graddoctor import events as ev
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.trace import TraceBuilder
 from rule_traces import builder, findings, only
 
 SLUG = "grads-always-zero"
@@ -15,9 +16,12 @@ PARAMS = [0, 1, 2, 3]  # enc.weight, enc.bias, head.weight, head.bias
 
 
 def _loop(norms_of, updates=4, stops=("RoundBackward0",), reached=(0, 1), loss_zero=False,
-          diagnose_at=1):
+          diagnose_at=1, names=None):
     """Updates whose step_begin carries ``norms_of(i)``; a diagnosis after update ``diagnose_at``."""
-    t = builder(params=PARAMS)
+    t = TraceBuilder()
+    for pid, name in zip(PARAMS, names or ()):
+        t.param(pid, name)
+    t.optimizer(0, PARAMS, line=1)
     for i in range(updates):
         t.clear(PARAMS, line=20)
         t.backward(fresh=PARAMS, line=21)
@@ -246,3 +250,63 @@ def test_a_sparse_grad_that_is_not_finite_is_told_without_an_internal_error():
     assert rec.internal_errors == 0 and not rec.trace.of_kind("internal_error")
     begin = rec.trace.of_kind("step_begin")[-1]
     assert begin["nonfinite"] and begin["norm_pids"] == begin["nonfinite"]
+
+
+def test_the_watcher_marks_a_product_with_a_constant_zero_factor():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        branch, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        gate = torch.zeros(1)  # a plain tensor: never moves
+        opt = torch.optim.SGD([*branch.parameters(), *head.parameters()], lr=0.1)
+        for _ in range(3):
+            x = torch.randn(16, 4)
+            opt.zero_grad()
+            head(x + branch(x) * gate.tanh()).pow(2).mean().backward()
+            opt.step()
+    stops = rec.trace.of_kind("grad_stops")
+    assert stops and stops[0]["stops"] == ["MulBackward0:zero_constant"]
+
+
+_GATED = """import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(4, 4)
+        self.gate = torch.zeros(1)
+
+    def forward(self, x):
+        return x + self.enc(x) * self.gate.tanh()
+"""
+
+
+_NAMES = ("block.enc.weight", "block.enc.bias", "head.weight", "head.bias")
+
+
+def test_a_gate_kept_as_a_plain_zero_tensor_is_named_at_its_assignment(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(_GATED)
+    monkeypatch.chdir(tmp_path)
+    f = only(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("MulBackward0:zero_constant",), names=_NAMES), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 9
+    assert "not a parameter" in f.message and "self.gate" in f.message
+    assert "nn.Parameter(torch.zeros(1))" in f.fix
+
+
+def test_a_constant_zero_factor_without_a_plain_gate_stays_silent(tmp_path, monkeypatch):
+    # DDP's `0 * sum(p.sum() ...)`; a gate the file sets from a schedule; a gate that is a parameter
+    (tmp_path / "train.py").write_text("import torch\nloss = loss + 0 * sum(p.sum() for p in enc.parameters())\n")
+    monkeypatch.chdir(tmp_path)
+    loop = lambda: _loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("MulBackward0:zero_constant",),  # noqa: E731
+                         names=_NAMES)
+    assert findings(loop(), SLUG) == []
+    (tmp_path / "train.py").write_text(_GATED + "\nblock.gate = torch.ones(1)\n")
+    assert findings(loop(), SLUG) == []
+    (tmp_path / "train.py").write_text(_GATED.replace("torch.zeros(1)", "nn.Parameter(torch.zeros(1))"))
+    assert findings(loop(), SLUG) == []
+    # the whole loss times a constant 0 is still the loss's factor
+    f = only(_loop(lambda i: [0.0] * 4, stops=("MulBackward0:zero_constant",), reached=PARAMS,
+                   names=_NAMES), SLUG)
+    assert "factor" in f.fix

@@ -168,6 +168,24 @@ def test_the_watcher_is_silent_on_reads_that_have_seen_the_sequence():
     assert _events(_gru(True), lambda m, x: torch.cat([m(x)[1][-2], m(x)[1][-1]], 1)) == []
 
 
+def test_positions_the_calls_key_padding_mask_hides_in_every_row_are_padding():
+    # a read of positions 0..2 of 10: the 7 positions after them hold data (the input differs
+    # between rows everywhere), unless the call's own key padding mask hides them in every row
+    mask = nn.Transformer.generate_square_subsequent_mask(10)
+    tail = torch.zeros(8, 10, dtype=torch.bool)
+    tail[:, 3:] = True
+    read = lambda m, x, **kw: m(x, mask=mask, **kw)[:, :3].mean(1)  # noqa: E731
+    assert _events(_encoder, read) == [("TransformerEncoder", [0, 1, 2], 7)]
+    assert _events(_encoder, lambda m, x: read(m, x, src_key_padding_mask=tail)) == []
+    float_tail = torch.zeros(8, 10).masked_fill(tail, float("-inf"))
+    assert _events(_encoder, lambda m, x: read(m, x, src_key_padding_mask=float_tail)) == []
+    # a mask that hides the tail of some rows only leaves those positions data
+    some = tail.clone()
+    some[:4] = False
+    assert _events(_encoder, lambda m, x: read(m, x, src_key_padding_mask=some)) \
+        == [("TransformerEncoder", [0, 1, 2], 7)]
+
+
 def test_the_watcher_finds_a_bidirectional_output_read_at_its_last_step():
     assert _events(_gru(True), lambda m, x: m(x)[0][:, -1]) == [("GRU", [9], 9)]
 

@@ -363,6 +363,47 @@ def test_the_rule_asks_the_source_for_unidirectional_layers(tmp_path):
         assert all("not shifted" in f.message for f in found)
 
 
+def _stepwise_events(shift: int, image_first: bool = False):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        emb, cell, head = nn.Embedding(12, 8), nn.GRUCell(8, 8), nn.Linear(8, 12)
+        opt = torch.optim.SGD([*emb.parameters(), *cell.parameters(), *head.parameters()], lr=0.1)
+        for _ in range(2):
+            seq = torch.cat([torch.ones(10, 1, dtype=torch.long), torch.randint(2, 12, (10, 5))], 1)
+            h, logits = torch.zeros(10, 8), []
+            if image_first:
+                h = cell(torch.randn(10, 8), h)
+                logits.append(head(h))
+            for t in range(5):
+                h = cell(emb(seq[:, t]), h)
+                logits.append(head(h))
+            target = seq if image_first else seq[:, shift:shift + 5]
+            loss = F.cross_entropy(torch.stack(logits, 1).reshape(-1, 12), target.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [(e["lookups"], e["stepwise"]) for e in rec.trace if e.kind == "token_copy"]
+
+
+def test_a_decoder_loop_whose_step_targets_are_the_tokens_it_is_fed_is_recorded():
+    assert _stepwise_events(0) == [(5, True)]
+    assert _stepwise_events(1) == []  # the next token at each step
+    assert _stepwise_events(0, image_first=True) == []  # show and tell: the image first
+
+
+def test_a_stepwise_copy_is_told_at_the_targets_slice_without_a_recurrent_layer(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    script = tmp_path / "cap.py"
+    script.write_text("cell = nn.GRUCell(8, 8)\ntargets = caps[:, :-1]\nloss.backward()\n")
+    t = TraceBuilder(str(script))
+    t.put(ev.token_copy(positions=40, lookups=5, stepwise=True), 3)
+    found = list(find_rule("target-visible-to-model")().check(Analysis(t.trace)))
+    assert [f.location.line for f in found] == [2]
+    assert "start token" in found[0].message and "caps[:, 1:]" in found[0].fix
+
+
 def test_a_causal_mask_is_told_from_an_inverted_or_shifted_one():
     from graddoctor.instrument.dependency import causal_mask
     T = 5

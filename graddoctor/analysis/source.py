@@ -132,8 +132,9 @@ class ScriptSource:
     def twin_critics_maximised(self, path: str) -> list[tuple[int, str, str]]:
         return twin_critics_maximised(self.full(path))
 
-    def target_slice_line(self, path: str) -> tuple[int, str] | None:
-        return target_slice_line(self.full(path))
+    def target_slice_line(self, path: str, columns: bool = False) -> tuple[int, str] | None:
+        full = self.full(path)
+        return target_column_slice_line(full) if columns else target_slice_line(full)
 
     def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
         return table_sliced_by_batch(self.full(path))
@@ -1684,6 +1685,16 @@ def target_slice_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
     ``target`` in it (``target = source[i:i + seq_len]``, ``data, targets = ...``); None when there
     is none or several."""
+    return _target_slice_line(path, False)
+
+
+@_once_per_file
+def target_column_slice_line(path: str) -> tuple[int, str] | None:
+    """``target_slice_line`` with column slices too (``targets = caps[:, 1:]``)."""
+    return _target_slice_line(path, True)
+
+
+def _target_slice_line(path: str, columns: bool) -> tuple[int, str] | None:
     tree = _parse(path)
     if tree is None:
         return None
@@ -1693,7 +1704,8 @@ def target_slice_line(path: str) -> tuple[int, str] | None:
             continue
         names = [n.id for t in node.targets for n in walk(t) if isinstance(n, ast.Name)]
         if any("target" in n.lower() for n in names) and any(
-                isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice)
+                isinstance(sub, ast.Subscript) and (isinstance(sub.slice, ast.Slice) or columns and isinstance(
+                    sub.slice, ast.Tuple) and any(isinstance(e, ast.Slice) for e in sub.slice.elts))
                 for sub in walk(node.value)):
             found.append(node)
     if len(found) != 1:

@@ -49,7 +49,8 @@ pooling); a bidirectional RNN read at each direction's own end (``cat(out[:, -1,
 out[:, 0, H:])``, or ``h_n``); a non-causal Transformer (CLS pooling);
 ``pack_padded_sequence`` (its output is no tensor); a loss that reads the final hidden state
 (``h_n``, or an LSTM's ``c_n``: a gradient hook on each notes that one got a gradient), alone or
-with an early step; positions past p that hold padding in every row. Skipped:
+with an early step; positions past p that hold padding in every row (the same input in every
+row there, or hidden in every row by the call's own key padding mask). Skipped:
 threads other than the script's, torch.compile (the window closes before it runs), gradients of
 graddoctor's own probes (no script backward runs).
 """
@@ -127,6 +128,22 @@ def _attention_causal(args, kwargs) -> bool:
     if kwargs.get("is_causal") is True:
         return True
     return causal_mask(kwargs.get("attn_mask", args[5] if len(args) > 5 else None))
+
+
+def _key_padding(module, args, kwargs):
+    """The call's own key padding mask, (batch, T) with True (or -inf) at padding: a position
+    it hides in every row holds no data, whatever the module's input holds there (the output
+    of an earlier layer differs between rows at padding positions too)."""
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    if isinstance(module, nn.MultiheadAttention):
+        mask = kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None)
+    elif isinstance(module, _DECODERS):
+        mask = kwargs.get("tgt_key_padding_mask", args[4] if len(args) > 4 else None)
+    else:
+        mask = kwargs.get("src_key_padding_mask", args[2] if len(args) > 2 else None)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return None
+    return mask if mask.dtype == torch.bool else mask < -1e4
 
 
 def _batch_first(module) -> bool | None:
@@ -353,13 +370,14 @@ class CausalReadWatcher:
             named = kwargs if isinstance(kwargs, dict) else {}
             data = args[0] if args else next((named[k] for k in ("input", "src", "tgt", "query")
                                               if k in named), None)
-            self._note(module, batch_first, out, data, forward, final)
+            padding = None if isinstance(module, nn.RNNBase) else _key_padding(module, args, kwargs)
+            self._note(module, batch_first, out, data, forward, final, padding)
         except Exception as exc:
             self._stop()
             self.rec.internal_error("causal read (forward)", exc)
         return None
 
-    def _note(self, module, batch_first, out, data, forward, final) -> None:
+    def _note(self, module, batch_first, out, data, forward, final, padding=None) -> None:
         if batch_first is None or not isinstance(out, torch.Tensor):
             return
         if not isinstance(data, torch.Tensor) or out.dim() != 3 or not out.requires_grad \
@@ -378,6 +396,8 @@ class CausalReadWatcher:
                 filled = torch.ones(length, dtype=torch.bool)
             else:
                 filled = (x != x[:1]).flatten(2).any(2).any(0).cpu()
+            if padding is not None and tuple(padding.shape) == (int(x.shape[0]), length):
+                filled &= ~padding.detach().all(0).cpu()
         watch = _Watch(type(module).__name__, time_dim, forward, filled, self.rec.here(), self._backwards)
         watcher = self
 

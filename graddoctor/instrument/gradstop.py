@@ -12,7 +12,8 @@ gets a hook (``Node.register_hook``) that notes the node whose incoming gradient
 while every gradient it passes on toward those parameters is zero. That node is where the
 gradient stops. The hooks return None (nothing the backward computes changes) and are removed
 when the backward ends (``queue_callback`` of autograd's engine), and a ``grad_stops`` aside
-event names the nodes. Only a few backwards of a run are diagnosed (``_DIAGNOSES``); on an
+event names the nodes. A product whose other factor leads to no parameter and is all zero (a
+gate kept as a plain tensor at 0) is marked ``MulBackward0:zero_constant``. Only a few backwards of a run are diagnosed (``_DIAGNOSES``); on an
 accelerator nothing is read (a host sync per node).
 """
 
@@ -95,6 +96,11 @@ class GradStopWatcher:
                 # a product of two factors that both lead to the parameters (matrix
                 # factorisation's user * item): both all zero, each one's gradient is the other
                 saved = _FACTORS
+            elif saved is None and node.name() == "MulBackward0" and len(inputs) == 1 and inputs[0] < 2:
+                # a product whose other factor leads to no parameter: that factor all zero at
+                # every update (a gate kept as a plain tensor at 0) stops the gradient for good
+                other = _OTHER_FACTOR[inputs[0]]
+                saved = (other, other)
             if saved is not None:
                 self._handles.append(check_hook(node.register_prehook(_weight_check(node, saved, zero))))
             self._handles.append(check_hook(node.register_hook(_stop_hook(node, inputs, stops, zero))))
@@ -154,6 +160,8 @@ def _guarded(fn, rec):
 # so does one whose weight gets none because the layer's input is all zero (the data multiplied
 # by a mask of zeros, a tensor of zeros fed instead of the batch)
 _FACTORS = ("_saved_self", "_saved_other")  # a product's two factors, both read as "weights"
+# the factor of a product on the other side from the parameters, by the input that leads to them
+_OTHER_FACTOR = ("_saved_other", "_saved_self")
 _WEIGHTS = {"AddmmBackward0": ("_saved_mat2", "_saved_mat1"), "MmBackward0": ("_saved_mat2", "_saved_self"),
             "ConvolutionBackward0": ("_saved_weight", "_saved_input")}
 
@@ -221,6 +229,8 @@ def _stop_hook(node, inputs: tuple[int, ...], stops: list, zero: list):
                 weight, data = zero[-1] if zero else (None, None)
                 if len(inputs) == 2 and name == "MulBackward0":
                     stops.append(f"{name}:zero_factors" if weight and data else name)
+                elif name == "MulBackward0":
+                    stops.append(f"{name}:zero_constant" if weight else name)
                 else:
                     stops.append(f"{name}:zero_weights" if weight else f"{name}:zero_input" if data else name)
         except Exception:

@@ -18,6 +18,14 @@ targets: an autoencoder's encoder reads the targets too), and a recurrent layer'
 ``token_copy`` aside event per backward line (loc: the backward). The rule asks the script's
 source that the recurrent layer is unidirectional.
 
+A decoder that runs its own loop over the steps (show-attend-tell's ``LSTMCell``, a GRU cell
+fed one token a step) makes one ``(B,)`` lookup per step and no recurrent node: there the
+lookups, as many as the target has columns, are each matched with a column of the targets
+(``(B, steps)`` flattened row by row, or seq-first) at 99 % of its counted positions, every
+lookup its own column. The start token's lookup matched too is the copy: a decoder fed the
+previous token has the start token among its inputs and never among its targets
+(``targets = caps[:, :-1]`` for ``caps[:, 1:]``). The event says ``stepwise``.
+
 The same walk reads a masked language model whose mask id went into the labels instead of the
 inputs (``labels[masked] = MASK`` for ``inputs[masked] = MASK``, or BERT's 80/10/10 replacement
 written into the labels): the model is given every original token and asked for the mask id.
@@ -120,6 +128,36 @@ def copies_input(lookups: list, target: torch.Tensor, ignore: int) -> bool:
     return same
 
 
+def copies_stepwise(lookups: list, target: torch.Tensor, ignore: int) -> bool:
+    """Whether a decoder loop's per-step lookups (one ``(B,)`` ids tensor per step, as many as
+    the target has columns) are the target's columns, each lookup its own column: the start
+    token's lookup too, which a decoder fed the previous token never has among its targets."""
+    steps = [ids for ids in lookups if ids.dim() == 1]
+    if len(steps) < 2 or len(steps) != len(lookups):
+        return False
+    rows = steps[0].numel()
+    if any(ids.numel() != rows for ids in steps) or target.numel() != rows * len(steps):
+        return False
+    if torch.unique(torch.stack(steps)).numel() < 3:
+        return False
+    flat = target.reshape(-1)
+    if int((flat != ignore).sum()) < _MIN_POSITIONS:
+        return False
+    for cols in (target.reshape(rows, len(steps)), target.reshape(len(steps), rows).t()):
+        keep = cols != ignore
+        free = [c for c in range(len(steps)) if bool(keep[:, c].any())]
+        matched = True
+        for ids in steps:
+            hit = next((c for c in free if _share(ids, cols[:, c], keep[:, c]) >= _SAME), None)
+            if hit is None:
+                matched = False
+                break
+            free.remove(hit)
+        if matched:
+            return True
+    return False
+
+
 def mask_id_in_labels(ids: torch.Tensor, lookups: list, target: torch.Tensor, ignore: int,
                       classes: int) -> dict | None:
     """The fields of a ``masked_visible`` event when the counted targets that differ from the
@@ -190,6 +228,11 @@ class TokenCopyWatcher:
                 self._told.add(loc)
                 self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
                                                   lookups=len(lookups)), loc)
+                return
+            if lookups and copies_stepwise(lookups, target, ignore):
+                self._told.add(loc)
+                self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
+                                                  lookups=len(lookups), stepwise=True), loc)
                 return
             scores = saved(node, "_saved_self")
             classes = int(scores.shape[-1]) if isinstance(scores, torch.Tensor) and scores.dim() == 2 else None

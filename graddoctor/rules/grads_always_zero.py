@@ -36,6 +36,9 @@ _KINDS = {
     # nor either factor of a product of two that are both all zero (two embeddings initialised
     # to 0 whose lookups are multiplied): each one's gradient is the other
     "ZeroFactors": ("zero_factors", ("zeros_", "constant_", "zero_", "fill_")),
+    # nor the branch of a product whose other factor is a constant that is 0 at every update: a
+    # gate (Flamingo's tanh gate, ReZero's alpha) kept as a plain tensor, not a parameter
+    "ZeroConstant": ("zero_constant", ()),
 }
 
 
@@ -51,6 +54,8 @@ def _op(node_name: str) -> str:
         return "ZeroInput"
     if node_name.endswith(":zero_factors"):
         return "ZeroFactors"
+    if node_name.endswith(":zero_constant"):
+        return "ZeroConstant"
     return node_name.split("Backward", 1)[0]
 
 
@@ -111,7 +116,10 @@ class GradsAlwaysZero(Rule):
     zero), a product of two factors that are both all zero (matrix factorisation's user and item
     embeddings both initialised to 0: each one's gradient is the other), a layer whose input is all zero at every update (the data
     multiplied by a mask of zeros, a placeholder tensor fed instead of the batch: its weights get
-    nothing and its output ignores the data). It also finds an optimizer all of whose gradients have become exactly
+    nothing and its output ignores the data), a branch multiplied by a gate that the script's
+    `__init__` makes as a plain tensor of zeros instead of an `nn.Parameter` (Flamingo's tanh
+    gate `self.attn_gate = torch.zeros(1)`, ReZero's alpha: the optimizer never moves it, so it
+    stays 0; pointed at that assignment). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
     reads the norms it already measures; after an update with zero gradients it follows one
     backward through the graph to the node where the gradient stops, and points at that call in
@@ -146,7 +154,8 @@ class GradsAlwaysZero(Rule):
     zero and move at the first step); parameters that get no gradient at all (None:
     `param-without-grad`); gradients cleared by hand (`grads-cleared-before-step`); part of a
     model reached only through a multiplication by zero (`0 * sum(p.sum() ...)`, which keeps
-    unused parameters in DDP's graph on purpose); a loss that is exactly 0 because the fit is
+    unused parameters in DDP's graph on purpose) or by a plain zero tensor the file sets again
+    elsewhere (a gate a schedule opens by hand); a loss that is exactly 0 because the fit is
     perfect (a hinge loss whose margins are all met, constant data reproduced exactly); a layer
     whose input is zero at some updates only or in part (an RNN cell's first, zero hidden state;
     the layer after a zero-initialised one; masked features; padding rows); steps whose norms
@@ -204,6 +213,8 @@ class GradsAlwaysZero(Rule):
         stop = self._stop_for(stops, pids, allow_mul=True)
         if stop is None:
             return None  # not diagnosed: where (and whether) the gradient stops is unknown
+        if _op(stop[0]) == "ZeroConstant":  # the whole loss times 0: a factor of the loss
+            stop = (stop[0].split(":", 1)[0],) + tuple(stop[1:])
         if _converged(stop):
             return None
         since = measured[first][0] if first > 0 else None
@@ -220,10 +231,23 @@ class GradsAlwaysZero(Rule):
         always = {p for p, n in seen.items() if n >= 2 and p not in nonzero}
         if not always:
             return None
-        stop = self._stop_for(stops, always, allow_mul=False)
+        # a stop the rule always knows first; a product with a constant zero only when the
+        # source shows a gate kept as a plain tensor (below)
+        stop = self._stop_for(stops, always, allow_mul=False, constant=False) \
+            or self._stop_for(stops, always, allow_mul=False)
         if stop is None or _converged(stop):
             return None
         pids = always & set(stop[2])
+        if _op(stop[0]) == "ZeroConstant":
+            gate = self._constant_gate(a, stop[3], pids)
+            if gate is None:
+                # a part of the model multiplied by 0 with no plain-tensor gate in the source:
+                # DDP's `0 * sum(p.sum() ...)` keeping unused parameters in the graph on purpose
+                return None
+            # only the parameters of the modules the gated branch calls
+            pids = {p for p in pids if (set(_module_attrs(a, [p])) | set(_containers(a, [p]))) & gate[5]}
+            if not pids:
+                return None
         if _op(stop[0]) == "ZeroInput":
             # a recurrent layer's hidden-to-hidden weights meet the zero initial state: read at
             # its first position only, that is the position's own business (a bidirectional
@@ -234,7 +258,7 @@ class GradsAlwaysZero(Rule):
         return self._finding(a, opt, measured, pids, stop, whole=False, since=None)
 
     @staticmethod
-    def _stop_for(stops, pids: set, allow_mul: bool):
+    def _stop_for(stops, pids: set, allow_mul: bool, constant: bool = True):
         """``(node name, loss was 0, its params, the event)`` of the first diagnosis that reaches
         ``pids`` and names a node this case accepts."""
         for event in stops:
@@ -242,6 +266,8 @@ class GradsAlwaysZero(Rule):
             if not reached & pids:
                 continue
             for name in event.get("stops") or ():
+                if not constant and _op(name) == "ZeroConstant":
+                    continue
                 if _op(name) in _KINDS or allow_mul:
                     return name, bool(event.get("loss_zero")), reached & pids, event
         return None
@@ -262,6 +288,9 @@ class GradsAlwaysZero(Rule):
             if not calls or not self._call_site(a, event, calls)[0]:
                 calls = _roots(a, pids)
         loc, call_text = self._call_site(a, event, calls, prefer="weight" if how in ("zero_weights", "zero_factors") else None)
+        gate = self._constant_gate(a, event, pids) if how == "zero_constant" else None
+        if gate is not None:
+            loc, call_text = Location(event.loc.path, gate[0]), gate[1]
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
             if assigned is not None:  # a factor of the loss that is 0
@@ -302,6 +331,12 @@ class GradsAlwaysZero(Rule):
                              f"each factor's gradient is the other factor, so neither ever moves"
                              if call_text else "the gradient stops at a product of two factors "
                              "that are both all zero: each factor's gradient is the other"),
+            "zero_constant": (f"`{gate[3]}` multiplies their branch by `self.{gate[2]}`, a plain tensor "
+                              f"made by {where}: not a parameter, so the optimizer never moves it, "
+                              f"the factor stays 0 and the branch is cut from the loss for good (a "
+                              f"gate initialised at zero must be an nn.Parameter to open)"
+                              if gate is not None else "the gradient stops at a product with a "
+                              "constant factor that is 0 at every update"),
             "zero_input": (f"the input of {where if call_text else 'their layer'} is all zeros at "
                            f"every update, so no gradient reaches its weights and its output is "
                            f"the same for every sample: the data never gets there"),
@@ -349,6 +384,10 @@ class GradsAlwaysZero(Rule):
                              "start at zero"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
                       "division such as `step // total`, a schedule that starts at 0 and stays)",
+            "zero_constant": (f"register the gate as a parameter: `self.{gate[2]} = "
+                              f"nn.Parameter({gate[4]})` (it starts at 0 and the first steps open it)"
+                              if gate is not None else "make the factor a parameter, or find what "
+                              "keeps it at 0"),
             "zero_input": ("give the layer the batch: look for what zeroes or replaces its input "
                            "(a mask of zeros, `x * 0` left from debugging, a placeholder tensor "
                            "passed instead of the batch's inputs)"),
@@ -365,6 +404,28 @@ class GradsAlwaysZero(Rule):
             evidence={"params": a.param_names(sorted(pids)), "stops_at": name,
                       "measured_updates": updates, "all_parameters": whole},
             fix=fix)
+
+    @staticmethod
+    def _constant_gate(a, event, pids):
+        """``(line, text, attribute, product, value, branch modules)`` of a module attribute the script's
+        ``__init__`` sets to a zero tensor without making it a parameter (``self.gate =
+        torch.zeros(1)``) and a method of the same class multiplies a branch by (through a
+        call: ``out * self.gate.tanh()``), the branch calling a module that holds ``pids``."""
+        if event is None or event.loc is None:
+            return None
+        tree = a.source.tree(event.loc.path)
+        if tree is None:
+            return None
+        owners = set(_module_attrs(a, pids)) | set(_containers(a, pids))
+        written = None
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef):
+                if written is None:
+                    written = _written_attrs_but_init(tree)
+                found = _zero_gate_in_class(cls, owners, written)
+                if found is not None:
+                    return found
+        return None
 
     @staticmethod
     def _call_site(a, event, calls, prefer: str | None = None) -> tuple[Location | None, str | None]:
@@ -430,3 +491,109 @@ def _state_read(tree, call_line: int) -> tuple[int, str] | None:
                 if reads:
                     return reads[0]
     return None
+
+
+_ZERO_MAKERS = ("zeros", "zeros_like", "zero_", "tensor", "full")
+
+
+def _zero_tensor(value) -> str | None:
+    """The text of a call that makes a tensor of zeros (``torch.zeros(1)``, ``torch.tensor(0.0)``,
+    ``torch.full((1,), 0.0)``), not wrapped in a parameter; None otherwise."""
+    if not isinstance(value, ast.Call):
+        return None
+    func = value.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in _ZERO_MAKERS:
+        return None
+    if name == "tensor":
+        if not value.args or not all(isinstance(c, ast.Constant) and c.value == 0
+                                     for c in ast.walk(value.args[0]) if isinstance(c, ast.Constant)):
+            return None
+    if name == "full":
+        if len(value.args) < 2 or not (isinstance(value.args[1], ast.Constant) and value.args[1].value == 0):
+            return None
+    return ast.unparse(value)
+
+
+def _self_attrs(node) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def _called_self_attrs(node) -> set[str]:
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            func = n.func
+            while isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
+                func = func.value
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+                names.add(func.attr)
+    return names
+
+
+def _written_attrs(tree) -> set[str]:
+    """Attribute names the file assigns (``self.gate = ...``, ``block.gate = ...``, ``+=``) or
+    writes in place (``model.gate.fill_(v)``): a gate set from a schedule is no constant."""
+    names = set()
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Attribute):
+                        names.add(n.attr)
+        elif isinstance(stmt, ast.Call) and isinstance(stmt.func, ast.Attribute) \
+                and stmt.func.attr.endswith("_") and isinstance(stmt.func.value, ast.Attribute):
+            names.add(stmt.func.value.attr)
+    return names
+
+
+def _zero_gate_in_class(cls: ast.ClassDef, owners: set[str], written: set[str]):
+    gates: dict[str, tuple[int, str, str]] = {}
+    methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in methods:
+        if f.name != "__init__":
+            continue
+        for stmt in ast.walk(f):
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                t = stmt.targets[0]
+                made = _zero_tensor(stmt.value)
+                if made is not None and isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                        and t.value.id == "self":
+                    gates[t.attr] = (stmt.lineno, ast.unparse(stmt), made)
+    if not gates:
+        return None
+    rebound = written
+    for f in methods:
+        if f.name == "__init__":
+            continue
+        for node in ast.walk(f):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+                continue
+            for gate_side, branch in ((node.right, node.left), (node.left, node.right)):
+                hit = [g for g in _self_attrs(gate_side) if g in gates and g not in rebound]
+                if hit and not _called_self_attrs(gate_side) & owners \
+                        and _called_self_attrs(branch) & owners:
+                    line, text, made = gates[hit[0]]
+                    return line, text, hit[0], ast.unparse(node), made, _called_self_attrs(branch) & owners
+    return None
+
+
+def _written_attrs_but_init(tree) -> set[str]:
+    """``_written_attrs`` of the file outside the ``__init__`` methods (where the gate is made)."""
+    names: set[str] = set()
+    for node in ast.iter_child_nodes(tree):
+        names |= _written_outside_init(node)
+    return names
+
+
+def _written_outside_init(node) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__init__":
+        return set()
+    if isinstance(node, ast.ClassDef):
+        names: set[str] = set()
+        for child in node.body:
+            names |= _written_outside_init(child)
+        return names
+    return _written_attrs(node)

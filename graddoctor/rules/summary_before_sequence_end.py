@@ -50,7 +50,7 @@ class SummaryBeforeSequenceEnd(Rule):
     both ends, or at position 0 (its backward half has read everything there); CLS pooling `out[:, 0]` of a Transformer encoder
     without a causal mask; mean, max or attention pooling over time; language models, seq2seq
     decoders with teacher forcing, CTC and taggers, whose loss reads every position (or every
-    one but the last); positions after the read one that hold padding in every row; a
+    one but the last); positions after the read one that hold padding in every row (by the input, or hidden in every row by the call's own key padding mask: a caption decoder's tail after captions of one length); a
     one-direction layer over the output of a bidirectional layer, of attention without a causal
     mask or of a convolution (its early inputs have seen the later positions); a step drawn anew
     for each batch (CPC's context predicting the steps after it); stacked states read at the

@@ -210,14 +210,27 @@ class TargetVisibleToModel(Rule):
         script's recurrent layers are all unidirectional (a bidirectional one reads the future:
         a tagger or an autoencoder may copy on purpose)."""
         path = e.loc.path
+        stepwise = bool(e.get("stepwise"))
         layers = a.source.calls_named(path, frozenset({"LSTM", "GRU", "RNN"}))
-        if not layers or any("bidirectional=True" in text for _, text, _ in layers):
+        if not stepwise and (not layers or any("bidirectional=True" in text for _, text, _ in layers)):
             return None
         loc, fix = e.loc, ("slice the targets one position after the inputs: `data = "
                            "source[i:i + seq_len]`, `target = source[i + 1:i + 1 + seq_len]`")
-        built = a.source.target_slice_line(path)
+        built = a.source.target_slice_line(path, columns=stepwise)
         if built is not None:
             loc = Location(path, built[0], e.loc.function)
+        if stepwise:
+            fix = ("take the targets one step after the tokens the decoder is fed: with "
+                   "`caps[:, t]` fed at step t, the target of step t is `caps[:, t + 1]` "
+                   "(`targets = caps[:, 1:]`)")
+            return self.finding(
+                f"the decoder's loop reads one token per step ({e['lookups']} steps), and the "
+                f"loss's target at each step is the token it is fed at that step, the start token "
+                f"included ({e['positions']} positions compared): each step is trained to output "
+                f"the token it already reads, so the decoder learns to copy its input, not to "
+                f"predict the next token, and greedy decoding repeats the start token", loc,
+                evidence={"shift": 0, "positions": e["positions"], "lookups": e["lookups"],
+                          "stepwise": True}, fix=fix)
         return self.finding(
             f"the loss's target at each position is the input token at that same position (the "
             f"targets are the input ids, not shifted: {e['positions']} positions compared), and "
