@@ -511,7 +511,9 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the h
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
-                   loss line)
+                   loss line); or, with narrowed_from (the shape of the tensor the target is a
+                   view of), a target that expands against the input along dims that tensor
+                   has the input's sizes on (y[:, :1] of a y shaped like the prediction)
 factor_broadcast   op (mul | div), term_shape (the side with the gradient), factor_shape,
                    shape (their broadcast), factor_grad (the factor carries gradient too): a
                    product or quotient in the loss's pointwise top between per-sample
@@ -1774,9 +1776,12 @@ def uniform_weight(*, fn: str, value: float, numel: int, classes: int, positives
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
-                   reduction: str | None, grad: bool) -> Made:
-    return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
-                              "shape": shape, "reduction": reduction, "grad": grad}
+                   reduction: str | None, grad: bool, narrowed_from: list[int] | None = None) -> Made:
+    data = {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
+            "shape": shape, "reduction": reduction, "grad": grad}
+    if narrowed_from is not None:  # the target is a slice of a tensor of this shape
+        data["narrowed_from"] = narrowed_from
+    return "loss_broadcast", data
 
 
 def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int], shape: list[int],
