@@ -65,8 +65,9 @@ def test_a_target_sliced_from_a_tensor_shaped_like_the_prediction():
     assert _narrowed_from(pred, torch.randn(8, 1)) is None
     t = TraceBuilder()
     t.optimizer(0, [0])
-    loss(t, 7, fn="smooth_l1_loss", a=(8, 3), b=(8, 1), shape=(8, 3))
-    t.events[-1].data["narrowed_from"] = [8, 3]
+    from graddoctor import events as ev
+    t.put(ev.loss_broadcast(fn="smooth_l1_loss", input_shape=[8, 3], target_shape=[8, 1],
+                            shape=[8, 3], reduction="mean", grad=True, narrowed_from=[8, 3]), 7)
     update(t, 9)
     [f] = check(LossShapeBroadcast, t)
     assert f.severity is Severity.WARNING and f.location.line == 7
