@@ -278,7 +278,8 @@ softmax_over_edges op ("index_add" | "scatter_add" | "scatter_reduce"), edges (t
                    first 3 backwards of a line, once per backward line (loc: the backward; an
                    aside; instrument/selfscatter.py)
 token_copy         positions (the targets compared), lookups (the embedding lookups below the
-                   loss) — a nll_loss/cross_entropy whose integer targets are, position for
+                   loss), stepwise (only when true: the copied ids are one table's lookups of
+                   one id per row, stacked in the order they ran: a decoder unrolled by hand) — a nll_loss/cross_entropy whose integer targets are, position for
                    position, the ids an embedding below it read, with a recurrent layer between
                    and no lookup of the targets one position later, at the first 3 backwards of
                    a line, once per backward line (loc: the backward; an aside;
@@ -1944,8 +1945,11 @@ def softmax_over_edges(*, op: str, edges: int, targets: int, fn: str) -> Made:
     return "softmax_over_edges", {"op": op, "edges": edges, "targets": targets, "fn": fn}
 
 
-def token_copy(*, positions: int, lookups: int) -> Made:
-    return "token_copy", {"positions": positions, "lookups": lookups}
+def token_copy(*, positions: int, lookups: int, stepwise: bool = False) -> Made:
+    data = {"positions": positions, "lookups": lookups}
+    if stepwise:  # the ids a decoder unrolled by hand embedded one step at a time
+        data["stepwise"] = True
+    return "token_copy", data
 
 
 def token_labels_shifted(*, end: str, rows: int, values: int, classes: int, vocab: int) -> Made:

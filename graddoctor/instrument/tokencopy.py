@@ -16,7 +16,10 @@ no lookup below the loss holds the targets one position later (a decoder fed the
 targets: an autoencoder's encoder reads the targets too), and a recurrent layer's node
 (``MkldnnRnnLayerBackward0``, the cuDNN/fused RNN nodes) lies between them. One
 ``token_copy`` aside event per backward line (loc: the backward). The rule asks the script's
-source that the recurrent layer is unidirectional.
+source that the recurrent layer is unidirectional. A decoder unrolled by hand embeds one id per
+row at each step: one table's lookups of equal size, in the order they ran, are stacked into a
+``(B, T)`` (and a ``(T, B)``) lookup and compared the same way (``stepwise``: a decoder that
+reads one token at a time is never bidirectional, whatever its encoder is).
 
 The same walk reads a masked language model whose mask id went into the labels instead of the
 inputs (``labels[masked] = MASK`` for ``inputs[masked] = MASK``, or BERT's 80/10/10 replacement
@@ -185,11 +188,17 @@ class TokenCopyWatcher:
             if target is None or target.numel() < _MIN_POSITIONS or not isinstance(ignore, int):
                 continue
             ignore = signed(ignore)  # read back unsigned: -100 as 2 ** 64 - 100
-            lookups, rows, recurrent = self._below(node)
+            lookups, rows, recurrent, steps = self._below(node)
             if recurrent and lookups and copies_input(lookups, target, ignore):
                 self._told.add(loc)
                 self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
                                                   lookups=len(lookups)), loc)
+                return
+            # (torch's CPU GRU/LSTM cells may leave no recurrent node: the rule reads the source)
+            if steps and copies_input([*steps, *lookups], target, ignore):
+                self._told.add(loc)
+                self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
+                                                  lookups=len(lookups), stepwise=True), loc)
                 return
             scores = saved(node, "_saved_self")
             classes = int(scores.shape[-1]) if isinstance(scores, torch.Tensor) and scores.dim() == 2 else None
@@ -202,10 +211,13 @@ class TokenCopyWatcher:
                     return
 
     @staticmethod
-    def _below(root) -> tuple[list, list, bool]:
-        """The ids of the embedding lookups below ``root``, their tables' rows, and whether a
-        recurrent layer lies between."""
+    def _below(root) -> tuple[list, list, bool, list]:
+        """The ids of the embedding lookups below ``root``, their tables' rows, whether a
+        recurrent layer lies between, and the lookups of a decoder unrolled step by step: one
+        table's lookups of one id per row, in the order they ran, stacked batch-first and
+        seq-first (a loop that embeds ``inp[:, t]`` at step t)."""
         stack, seen, lookups, rows, recurrent = [root], set(), [], [], False
+        per_table: dict = {}  # the table's gradient node -> [(order, ids)] of 1-D lookups
         while stack:
             node = stack.pop()
             if node is None or node in seen:
@@ -222,8 +234,16 @@ class TokenCopyWatcher:
                     lookups.append(ids)
                     size = saved(node, "_saved_weight_sym_argsize_0")
                     rows.append(int(size) if isinstance(size, int) else None)
+                    table = node.next_functions[0][0] if node.next_functions else None
+                    if ids.dim() == 1 and table is not None:
+                        per_table.setdefault(table, []).append((node._sequence_nr(), ids))
             stack.extend(child for child, _ in node.next_functions if child is not None)
-        return lookups, rows, recurrent
+        steps = []
+        for found in per_table.values():
+            if len(found) >= 2 and len({ids.numel() for _, ids in found}) == 1:
+                ordered = [ids for _, ids in sorted(found, key=lambda pair: pair[0])]
+                steps += [torch.stack(ordered, dim=1), torch.stack(ordered, dim=0)]
+        return lookups, rows, recurrent, steps
 
     def install(self, patcher) -> None:
         """Nothing to patch: the loss's graph is read at the backward (DESCRIBE_LOSS)."""
