@@ -981,8 +981,10 @@ masked_fill_weight share (the mean weight a softmax over the last axis gives the
                    backwards, once per shape; with after (True, only when set) the masked_fill
                    is just above the softmax or log_softmax instead, taking padding positions
                    (each row's at one end, rows of different lengths) out of its result without
-                   a renormalisation, and share is the weight the normaliser gave them (loc: the
-                   backward; an aside; instrument/attnaxis.py)
+                   a renormalisation, and share is the weight the normaliser gave them; with
+                   multiplied (True, only when set) the scores were multiplied by a 0/1 tensor
+                   without gradient instead of filled (loc: the backward; an aside;
+                   instrument/attnaxis.py)
 stream_interleaved shape (the token batch's shape), axis (its time axis: the one along which the
                    loss's targets are the ids one step later), stride (how many tokens of the 1-D
                    stream the batch is a view of one step along that axis skips), stream (the
@@ -2436,10 +2438,12 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
 
 
 def masked_fill_weight(*, share: float, masked: float, rows: int, shape: list[int],
-                       params: list[int], after: bool = False) -> Made:
+                       params: list[int], after: bool = False, multiplied: bool = False) -> Made:
     data = {"share": share, "masked": masked, "rows": rows, "shape": shape, "params": params}
     if after:
         data["after"] = True
+    if multiplied:  # the scores were multiplied by a 0/1 mask, not filled
+        data["multiplied"] = True
     return "masked_fill_weight", data
 
 

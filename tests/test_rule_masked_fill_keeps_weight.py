@@ -217,3 +217,18 @@ def test_the_rule_points_at_the_normaliser_when_the_fill_comes_after(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 3 and "log_softmax(s, dim=1)" in f.message
     assert "30.0%" in f.message and "before the softmax" in f.fix
+
+
+def test_scores_multiplied_by_a_zero_one_mask_keep_weight():
+    import torch
+    from graddoctor.instrument.attnaxis import masked_fill_weight
+    scores = torch.randn(6, 5, requires_grad=True)
+    mask = torch.ones(6, 5)
+    mask[:, 3:] = 0
+    found = masked_fill_weight(torch.softmax(scores * mask, dim=-1).grad_fn)
+    assert found is not None and found[-1] == "mul" and found[0] > 0.01 and found[2] == 6
+    # the additive form masks; a gate of other values than 0/1 is a scale, not a mask
+    assert masked_fill_weight(torch.softmax(scores * mask + (1 - mask) * -1e4, dim=-1).grad_fn) is None
+    assert masked_fill_weight(torch.softmax(scores * (mask + 0.5), dim=-1).grad_fn) is None
+    filled = masked_fill_weight(torch.softmax(scores.masked_fill(mask == 0, 0.0), dim=-1).grad_fn)
+    assert filled is not None and filled[-1] == "masked_fill"
