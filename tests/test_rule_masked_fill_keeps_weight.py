@@ -43,8 +43,8 @@ def _pad():
 def test_fills_that_leave_weight_on_the_masked_positions_are_found(weights_of, takes):
     found = masked_fill_weight(weights_of(_scores(), _pad()).grad_fn)
     assert found is not None
-    share, masked, rows, shape = found
-    assert rows == B - 1 and shape == (B, S)
+    share, masked, rows, shape, by = found
+    assert rows == B - 1 and shape == (B, S) and by == "masked_fill"
     assert (share > 0.99) if takes else (0.01 < share < 0.99)
     assert 0 < masked < 1
 
@@ -76,7 +76,7 @@ def test_a_mask_broadcast_over_heads_and_queries_is_expanded():
     q = lin(torch.randn(B, 2, S, 8))
     scores = q @ q.transpose(-2, -1) / math.sqrt(8)
     weights = scores.masked_fill(_pad()[:, None, None, :], 1e9).softmax(-1)
-    share, masked, rows, shape = masked_fill_weight(weights.grad_fn)
+    share, masked, rows, shape, by = masked_fill_weight(weights.grad_fn)
     assert shape == (B, 2, S, S) and rows == (B - 1) * 2 * S and share > 0.99
 
 
