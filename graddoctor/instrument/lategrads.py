@@ -65,7 +65,7 @@ class LateGradWatcher:
         self._recount = False  # woken: the next publication reads the count from the progress
         self._hold_until: int | None = None  # progress steps the replay goes on to
         self._epoch_pending = False  # an epoch began; its first step's sweep has not run
-        self._tensors_seen = 0  # tensors numbered at the last step this watcher saw
+        self._tensors_seen = 0  # tensors numbered at the last sweep
         self._holds = 0  # times the replay was held past the budget
         rec.subscribe(STEPPED, self.after_step)
         rec.subscribe(PARAMS_ADDED, self.params_added)
@@ -104,9 +104,10 @@ class LateGradWatcher:
     def hold(self) -> bool:
         """``BUDGET_HOLD``, asked as a step is counted past the budget (before its ``STEPPED``):
         the sweep an epoch's beginning asked for runs here when the budget would end the
-        replay at this step; a parameter numbered since the last step seen (by that sweep, or by
+        replay at this step; a parameter numbered since the last sweep (by that sweep, or by
         a clip over ``model.parameters()`` after an unfreeze) holds two more steps, so that a
         backward records its gradient."""
+        seen = self._tensors_seen  # (the sweep below moves it past what it tracks)
         if self._epoch_pending and not self._shared:
             self._epoch_pending = False
             try:
@@ -115,11 +116,11 @@ class LateGradWatcher:
                 self.rec.internal_error("late gradients: sweep", exc)
         rec = self.rec
         count = len(rec.tensors)
-        if count > self._tensors_seen:
+        if count > seen:
             # a parameter numbered since the last look (this sweep's, or a clip's over
             # model.parameters() after an unfreeze) has had no backward recorded yet
             is_parameter = rec.is_parameter
-            if any(is_parameter.get(pid) for pid in range(self._tensors_seen, count)) \
+            if any(is_parameter.get(pid) for pid in range(seen, count)) \
                     and self._holds < HOLDS_MOST:
                 self._holds += 1
                 self._hold_until = rec.progress.steps + 2
@@ -142,7 +143,6 @@ class LateGradWatcher:
             self._steps = self.rec.progress.steps_taken()
         else:
             self._steps += 1
-        self._tensors_seen = len(self.rec.tensors)
         shared = self.rec.progress.threads_stepped  # (the steps taken while asleep included)
         if get_ident() != self._thread or shared:
             if self._thread is not None or shared:  # threads that train at once: no sweep is safe
@@ -235,6 +235,7 @@ class LateGradWatcher:
                 tracked = True
             tree.untracked = list(map(weakref.ref, compress(
                 untracked, map(is_, rec.tensors.numbers(untracked), repeat(None)))))
+        self._tensors_seen = len(rec.tensors)
         if self._steps >= EVERY_STEP_UNTIL:  # sweeps are rare from now on: hold nothing
             tree.dicts = None  # strongly (a dict holds its parameters); the rest is weak
         if tracked or len(rec.param_names) < len(rec.tensors):

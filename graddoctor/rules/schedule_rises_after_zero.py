@@ -16,11 +16,12 @@ def _first_lr(step):
     return lrs[0] if lrs and isinstance(lrs[0], (int, float)) else None
 
 
-def _rises_after_zero(lrs: list[float]) -> tuple[int, int] | None:
+def _rises_after_zero(lrs: list[float], gaps: list[bool] | None = None) -> tuple[int, int] | None:
     """``(bottom, top)`` indices when the lr reaches ``_ZERO`` of its highest value after that
     value, then climbs back above ``_BACK`` of it through ``_RISING`` steps or more in between
     (a cosine past its end), else None. A jump from the bottom to the top in a step or two is a
-    restart, not this."""
+    restart, not this; ``gaps[j]``: steps folded out of the trace between ``j - 1`` and ``j``
+    (a long run's), so that a climb read across them counts as gradual."""
     if len(lrs) < 4:
         return None
     peak = max(lrs)
@@ -34,6 +35,8 @@ def _rises_after_zero(lrs: list[float]) -> tuple[int, int] | None:
         for j in range(i + 1, len(lrs)):
             if lrs[j] < lrs[j - 1]:
                 break
+            if gaps is not None and gaps[j]:
+                climb = _RISING
             if lrs[j] >= _BACK * peak:
                 return (i, j) if climb >= _RISING else None
             if lrs[j] > lrs[j - 1]:
@@ -110,7 +113,8 @@ class ScheduleRisesAfterZero(Rule):
                 continue
             steps = [st for st in s.steps if _first_lr(st) is not None]
             lrs = [_first_lr(st) for st in steps]
-            found = _rises_after_zero(lrs)
+            gaps = [False] + [a.weight(before) > 1 for before in steps[:-1]]
+            found = _rises_after_zero(lrs, gaps)
             if found is None:
                 continue
             text = _schedule_text(a, s.init.loc)
@@ -120,13 +124,11 @@ class ScheduleRisesAfterZero(Rule):
             bottom, back = found
             peak = max(lrs)
             yield self.finding(
-                f"this {s.cls}'s lr decays to {lrs[bottom]:.3g} (from {peak:.3g}) by its step "
-                f"{bottom + 1} and then climbs back to {lrs[back]:.3g} by step {back + 1}, step by "
-                f"step: the schedule's progress passes its end before the run does, so a decay "
-                f"turns into a cycle (a cosine past pi rises again) and training re-heats",
+                f"this {s.cls}'s lr decays to about zero (from {peak:.3g}) and then climbs "
+                f"back above half of its peak, step by step, while the run goes on: the schedule's "
+                f"progress passes its end before the run does, so a decay turns into a cycle (a "
+                f"cosine past pi rises again) and training re-heats",
                 s.init.loc,
                 related=(related(steps[bottom], "the lr reaches zero here"),
                          related(steps[back], "and is back near its peak here")),
-                step=a.next_step_number(steps[bottom].seq),
-                evidence={"scheduler": s.cls, "peak": peak, "bottom": lrs[bottom],
-                          "bottom_step": bottom + 1, "back": lrs[back], "back_step": back + 1})
+                evidence={"scheduler": s.cls, "peak": peak})
