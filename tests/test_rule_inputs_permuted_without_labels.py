@@ -274,3 +274,16 @@ def test_labels_permuted_is_reported_at_the_statement_that_reordered_them(tmp_pa
                       "    out = model(x)\n"
                       "    print(out)\n")
     assert only(t, SLUG).location.line == 2  # no loss call found: the model's call
+
+
+def test_the_reordering_statement_is_found_through_the_target_alone():
+    import ast
+    from graddoctor.analysis.reorder import target_reordered_at
+    src = ("for x, y in loader:\n"            # 1
+           "    y = y.flip(0)\n"                # 2
+           "    out = model(x)\n"               # 3
+           "    loss = F.cross_entropy(out, y)\n")  # 4
+    # the output's assignment is the latest of the loss's arguments; the flip is the target's
+    assert target_reordered_at(ast.parse(src), 4, 3, "cross_entropy") == 2
+    plain = src.replace("y.flip(0)", "y.long()")
+    assert target_reordered_at(ast.parse(plain), 4, 3, "cross_entropy") == 4

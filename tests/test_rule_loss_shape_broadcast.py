@@ -52,3 +52,23 @@ def test_misaligned_layouts():
     assert misaligned([8, 1], [8]) and misaligned([8], [8, 1]) and misaligned([4, 1, 5, 5], [4, 5, 5])
     assert misaligned([6, 1, 3], [6, 3])
     assert not misaligned([6, 1], [1, 6]) and not misaligned([5, 1, 3], [4, 3]) and not misaligned([8, 2], [8])
+
+
+def test_a_target_sliced_from_a_tensor_shaped_like_the_prediction():
+    import torch
+    from graddoctor.instrument.losses import _narrowed_from
+    pred, y = torch.zeros(8, 3, requires_grad=True), torch.randn(8, 3)
+    assert _narrowed_from(pred, y[:, :1]) == [8, 3]
+    assert _narrowed_from(pred, y[:, 0].unsqueeze(1)) == [8, 3]  # any view of y's column
+    assert _narrowed_from(pred, y[:, 0].clone().unsqueeze(1)) is None  # a column of its own
+    assert _narrowed_from(pred, torch.randn(8, 2)[:, :1]) is None  # the wider tensor is not pred's
+    assert _narrowed_from(pred, torch.randn(8, 1)) is None
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    from graddoctor import events as ev
+    t.put(ev.loss_broadcast(fn="smooth_l1_loss", input_shape=[8, 3], target_shape=[8, 1],
+                            shape=[8, 3], reduction="mean", grad=True, narrowed_from=[8, 3]), 7)
+    update(t, 9)
+    [f] = check(LossShapeBroadcast, t)
+    assert f.severity is Severity.WARNING and f.location.line == 7
+    assert "a slice of a (8, 3) tensor" in f.message and f.evidence["narrowed_from"] == [8, 3]

@@ -43,8 +43,8 @@ def _pad():
 def test_fills_that_leave_weight_on_the_masked_positions_are_found(weights_of, takes):
     found = masked_fill_weight(weights_of(_scores(), _pad()).grad_fn)
     assert found is not None
-    share, masked, rows, shape = found
-    assert rows == B - 1 and shape == (B, S)
+    share, masked, rows, shape, by = found
+    assert rows == B - 1 and shape == (B, S) and by == "masked_fill"
     assert (share > 0.99) if takes else (0.01 < share < 0.99)
     assert 0 < masked < 1
 
@@ -76,7 +76,7 @@ def test_a_mask_broadcast_over_heads_and_queries_is_expanded():
     q = lin(torch.randn(B, 2, S, 8))
     scores = q @ q.transpose(-2, -1) / math.sqrt(8)
     weights = scores.masked_fill(_pad()[:, None, None, :], 1e9).softmax(-1)
-    share, masked, rows, shape = masked_fill_weight(weights.grad_fn)
+    share, masked, rows, shape, by = masked_fill_weight(weights.grad_fn)
     assert shape == (B, 2, S, S) and rows == (B - 1) * 2 * S and share > 0.99
 
 
@@ -217,3 +217,18 @@ def test_the_rule_points_at_the_normaliser_when_the_fill_comes_after(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 3 and "log_softmax(s, dim=1)" in f.message
     assert "30.0%" in f.message and "before the softmax" in f.fix
+
+
+def test_scores_multiplied_by_a_zero_one_mask_keep_weight():
+    import torch
+    from graddoctor.instrument.attnaxis import masked_fill_weight
+    scores = torch.randn(6, 5, requires_grad=True)
+    mask = torch.ones(6, 5)
+    mask[:, 3:] = 0
+    found = masked_fill_weight(torch.softmax(scores * mask, dim=-1).grad_fn)
+    assert found is not None and found[-1] == "mul" and found[0] > 0.01 and found[2] == 6
+    # the additive form masks; a gate of other values than 0/1 is a scale, not a mask
+    assert masked_fill_weight(torch.softmax(scores * mask + (1 - mask) * -1e4, dim=-1).grad_fn) is None
+    assert masked_fill_weight(torch.softmax(scores * (mask + 0.5), dim=-1).grad_fn) is None
+    filled = masked_fill_weight(torch.softmax(scores.masked_fill(mask == 0, 0.0), dim=-1).grad_fn)
+    assert filled is not None and filled[-1] == "masked_fill"

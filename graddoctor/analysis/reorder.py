@@ -366,8 +366,8 @@ def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | 
     """The line of the statement that put a loss's target in another order: the loss call at
     ``loss_line`` (or, with none, the first call of ``fn`` or of a loss-named function within a
     dozen lines after the model's call at ``model_line``) when an argument reorders inline
-    (``y[perm]``), else the last assignment before it of an argument's name whose value
-    reorders (``target = y[y.argsort()]``); None when neither is found."""
+    (``y[perm]``), else the latest of the arguments' own last assignments before it whose value
+    reorders (``target = y[y.argsort()]``); None when no loss call is found."""
     calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
                    key=lambda n: (n.lineno, n.col_offset))
     if loss_line is not None:
@@ -382,11 +382,14 @@ def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | 
     args = [*call.args, *(k.value for k in call.keywords)]
     if any(_reorders(arg) for arg in args if not isinstance(arg, ast.Name)):
         return call.lineno
-    names = {arg.id for arg in args if isinstance(arg, ast.Name)}
     low = (model_line or call.lineno) - 12
-    made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < call.lineno
-            and names & {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}]
-    last = max(made, key=lambda n: n.lineno, default=None)
-    if last is not None and _reorders(last.value):
-        return last.lineno
-    return call.lineno
+    # each argument's own latest assignment: the model's output is often assigned after the
+    # statement that reordered the target, so the latest assignment of any argument would hide it
+    reordered = []
+    for name in {arg.id for arg in args if isinstance(arg, ast.Name)}:
+        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < call.lineno
+                and name in {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}]
+        last = max(made, key=lambda n: n.lineno, default=None)
+        if last is not None and _reorders(last.value):
+            reordered.append(last.lineno)
+    return max(reordered, default=call.lineno)

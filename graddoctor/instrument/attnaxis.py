@@ -507,9 +507,11 @@ FILL_KEPT = 0.01  # the masked positions' mean share of the weight above which t
 
 
 def masked_fill_weight(softmax):
-    """``(share, masked, rows, shape)`` when the scores a softmax over its last axis normalises
+    """``(share, masked, rows, shape, by)`` when the scores a softmax over its last axis normalises
     come (through casts, clones and constant positive factors) straight out of a
-    ``masked_fill`` and the positions it filled keep weight: ``share`` is their mean weight per
+    ``masked_fill``, or out of a product with a 0/1 tensor without gradient (``scores * mask``:
+    the masked scores become 0, a neutral score, not a mask), and the positions it masked keep
+    weight (``by``: "masked_fill" or "mul"): ``share`` is their mean weight per
     row, over the ``rows`` rows that hold masked and unmasked positions both, ``masked`` the
     mean share of those rows' positions that are masked (the weight uniform attention would
     give them). None when nothing is kept (a fill of -inf or -1e9 leaves exactly 0), when the
@@ -521,7 +523,7 @@ def masked_fill_weight(softmax):
             or _signed(dim) % result.dim() != result.dim() - 1 or result.shape[-1] < 2:
         return None
     node = softmax.next_functions[0][0] if softmax.next_functions else None
-    mask = None
+    mask, by = None, "masked_fill"
     for _ in range(_FILL_DOWN):
         if node is None:
             return None
@@ -531,6 +533,11 @@ def masked_fill_weight(softmax):
             break
         if name.startswith(("MulBackward", "DivBackward")):
             scaled = _scalar_factor(node)
+            if scaled is None and name.startswith("MulBackward"):
+                mask = _zero_one_factor(node)
+                if mask is not None:  # scores * mask: the masked scores become 0, not -inf
+                    by = "mul"
+                    break
             if scaled is None or scaled == "learned" or not scaled[0] > 0:
                 return None
             node = scaled[1]
@@ -541,6 +548,36 @@ def masked_fill_weight(softmax):
         node = child[0] if child is not None else None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
         return None
+    found = _kept_weight(result, mask)
+    return None if found is None else (*found, by)
+
+
+def _zero_one_factor(product):
+    """Where the tensor without gradient that ``product`` (a ``MulBackward``) multiplied its
+    scores by is 0, as a bool mask, when that tensor holds only 0s and 1s, both (a padding
+    mask multiplied into attention scores); else None (a scale, a learned gate)."""
+    inputs = product.next_functions
+    if len(inputs) != 2:
+        return None
+    if inputs[0][0] is not None and inputs[1][0] is None:
+        factor = _saved(product, "_saved_other")
+    elif inputs[1][0] is not None and inputs[0][0] is None:
+        factor = _saved(product, "_saved_self")
+    else:
+        return None
+    if not isinstance(factor, torch.Tensor) or factor.device.type != "cpu" or factor.dim() < 1 \
+            or factor.numel() > _FILL_CELLS:
+        return None
+    with torch.no_grad():
+        zero = factor == 0
+        if not bool(((factor == 1) | zero).all()) or not bool(zero.any()) or bool(zero.all()):
+            return None
+    return zero
+
+
+def _kept_weight(result, mask):
+    """``masked_fill_weight``'s answer for a softmax's ``result`` and the ``mask`` of the
+    positions meant to be left out."""
     with torch.no_grad():
         try:
             full = torch.broadcast_to(mask, result.shape)
@@ -798,14 +835,15 @@ class SoftmaxAxisWatcher:
         found = masked_fill_weight(softmax)
         if found is None:
             return
-        share, masked, rows, shape = found
+        share, masked, rows, shape, by = found
         key = ("fill", shape)
         if key in self._told:
             return
         self._told.add(key)
         self.rec.emit_aside(ev.masked_fill_weight(share=share, masked=masked, rows=rows,
                                                   shape=list(shape),
-                                                  params=self._params(softmax)),
+                                                  params=self._params(softmax),
+                                                  multiplied=by == "mul"),
                             self.rec.here())
 
     def _judge_fill_after(self, fill, renormalised: set) -> None:

@@ -66,7 +66,7 @@ from .identities import Identities
 from .planned import framework_plan, planned
 from .recorder import Deferred, Recorder
 from .losswindow import REOPENS
-from .topics import BATCH_SERVED, BUDGET_HOLD, PARAMS_ADDED
+from .topics import BATCH_SERVED, BUDGET_HOLD, EPOCH_BEGUN, PARAMS_ADDED
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
 # the same number, checked by tests/test_config.py
@@ -127,6 +127,7 @@ class DataLoaderWatcher:
         self._zip_done = False  # found, or _ZIP_CHECKS sets compared
         rec.subscribe(BUDGET_HOLD, self._hold)
         self._on_served = rec.subscribers(BATCH_SERVED)
+        self._on_epoch = rec.subscribers(EPOCH_BEGUN)
         self._announce = SERVED_BATCHES  # batches still handed to them
         self._announced_again = 0  # later phases given SERVED_BATCHES more
         rec.subscribe(PARAMS_ADDED, self._params_added)
@@ -195,6 +196,9 @@ class DataLoaderWatcher:
                 plan = watcher._planned(sys._getframe(1)) if epoch == 0 else None
                 rec.emit(ev.epoch_start(loader=number, epoch=epoch, real_len=real_len,
                                         replay_len=replay_len, planned=plan), here)
+                if epoch:
+                    for begun in watcher._on_epoch.now:
+                        begun(number, epoch)
             except Exception as exc:
                 rec.internal_error("DataLoader.__iter__", exc)
             return iterator

@@ -11,10 +11,14 @@ is then silent.
 This watcher needs no walk: the modules the script's frames hold at each optimizer's first step
 (the variables of the stepping frames, one attribute deep into a non-module ``self``) are
 remembered weakly, and after the optimizer steps numbered 1 to ``EVERY_STEP_UNTIL``, then at
-doubling counts, their parameters are swept for one that requires a gradient, holds a
-``.grad`` and is not tracked: a backward wrote it since the walks. It is tracked then, so the
+doubling counts, and after the first step of each epoch after the first (a DataLoader's
+``EPOCH_BEGUN``: where scripts unfreeze), their parameters are swept for one that requires a
+gradient, holds a ``.grad`` and is not tracked: a backward wrote it since the walks. It is tracked then, so the
 next backwards read it like any leaf a walk found (the gradient ledger, hand updates, moves)
-and param-not-in-optimizer judges it as it judges the others. Cost: one integer test per step
+and param-not-in-optimizer judges it as it judges the others; the replay goes on past the
+step budget for two more steps when a parameter was numbered since the last step
+(``BUDGET_HOLD``), so that a backward records it even when the unfreeze came at the last epoch
+the replay reaches. Cost: one integer test per step
 between sweeps; a sweep is one pass over the held modules' parameters (attribute reads only,
 no tensor read). Reading a ``.grad`` races with another thread's backward, which writes it
 without the GIL (a crash, not a wrong answer): a sweep reads only the modules gathered in the
@@ -35,9 +39,10 @@ import torch
 from .identities import call
 from .names import LiveModules, name_parameters, user_variables
 from .recorder import Recorder
-from .topics import PARAMS_ADDED, STEPPED
+from .topics import BUDGET_HOLD, EPOCH_BEGUN, PARAMS_ADDED, STEPPED
 
 EVERY_STEP_UNTIL = 16  # optimizer steps after each of which the modules are swept
+HOLDS_MOST = 2  # holds of two steps past the budget, at most, for parameters numbered late
 ROOTS_MOST = 64  # modules remembered (the stepping frames' variables)
 
 
@@ -58,8 +63,14 @@ class LateGradWatcher:
         self._tree: _Tree | None = None
         self._asleep = False  # off STEPPED until the progress' alarm at the next sweep
         self._recount = False  # woken: the next publication reads the count from the progress
+        self._hold_until: int | None = None  # progress steps the replay goes on to
+        self._epoch_pending = False  # an epoch began; its first step's sweep has not run
+        self._tensors_seen = 0  # tensors numbered at the last sweep
+        self._holds = 0  # times the replay was held past the budget
         rec.subscribe(STEPPED, self.after_step)
         rec.subscribe(PARAMS_ADDED, self.params_added)
+        rec.subscribe(EPOCH_BEGUN, self.epoch_begun)
+        rec.subscribe(BUDGET_HOLD, self.hold)
 
     def install(self, patcher) -> None:  # subscribed at construction
         module = torch.nn.modules.module
@@ -80,6 +91,41 @@ class LateGradWatcher:
         if opt not in self._rooted and not self._shared:
             self._unrooted.add(opt)
             self._wake()
+
+    def epoch_begun(self, loader: int, epoch: int) -> None:
+        """``EPOCH_BEGUN``: sweep after the epoch's first step (layers unfrozen at an epoch
+        boundary get their first gradient there)."""
+        if self._shared or not self._rooted:
+            return
+        self._next = min(self._next, self.rec.progress.steps_taken() + 1)
+        self._epoch_pending = True
+        self._wake()
+
+    def hold(self) -> bool:
+        """``BUDGET_HOLD``, asked as a step is counted past the budget (before its ``STEPPED``):
+        the sweep an epoch's beginning asked for runs here when the budget would end the
+        replay at this step; a parameter numbered since the last sweep (by that sweep, or by
+        a clip over ``model.parameters()`` after an unfreeze) holds two more steps, so that a
+        backward records its gradient."""
+        seen = self._tensors_seen  # (the sweep below moves it past what it tracks)
+        if self._epoch_pending and not self._shared:
+            self._epoch_pending = False
+            try:
+                self._sweep()
+            except Exception as exc:
+                self.rec.internal_error("late gradients: sweep", exc)
+        rec = self.rec
+        count = len(rec.tensors)
+        if count > seen:
+            # a parameter numbered since the last look (this sweep's, or a clip's over
+            # model.parameters() after an unfreeze) has had no backward recorded yet
+            is_parameter = rec.is_parameter
+            if any(is_parameter.get(pid) for pid in range(seen, count)) \
+                    and self._holds < HOLDS_MOST:
+                self._holds += 1
+                self._hold_until = rec.progress.steps + 2
+            self._tensors_seen = count
+        return self._hold_until is not None and rec.progress.steps < self._hold_until
 
     def _wake(self) -> None:
         """Back on ``STEPPED`` (the progress' alarm, or a new optimizer): the steps taken while
@@ -120,6 +166,7 @@ class LateGradWatcher:
         if self._steps < self._next:
             return
         self._next = self._steps + 1 if self._steps < EVERY_STEP_UNTIL else self._steps * 2
+        self._epoch_pending = False
         try:
             self._sweep()
         except Exception as exc:
@@ -188,6 +235,7 @@ class LateGradWatcher:
                 tracked = True
             tree.untracked = list(map(weakref.ref, compress(
                 untracked, map(is_, rec.tensors.numbers(untracked), repeat(None)))))
+        self._tensors_seen = len(rec.tensors)
         if self._steps >= EVERY_STEP_UNTIL:  # sweeps are rare from now on: hold nothing
             tree.dicts = None  # strongly (a dict holds its parameters); the rest is weak
         if tracked or len(rec.param_names) < len(rec.tensors):

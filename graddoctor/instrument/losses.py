@@ -10,7 +10,9 @@ patched before the user's script is imported (their ``nn`` modules call them; ``
 compiles torch's own function, ``__prepare_scriptable__``). Cost per call: one
 shape comparison; only different shapes are looked at further (their broadcast, in Python). A
 call whose broadcast has more elements than input and target is recorded once per call line (a
-``loss_broadcast`` aside event, see ``Recorder.emit_aside``).
+``loss_broadcast`` aside event, see ``Recorder.emit_aside``), and so is a target that expands
+against the prediction along a dim it was sliced down on (``y[:, :1]`` of a ``y`` shaped like
+the prediction: one target column for every output).
 
 The same wrapper looks, at the first ``_RANGE_CHECKS`` calls of each function that a gradient
 flows through, at what made the prediction: when it is a bounded activation (sigmoid, tanh,
@@ -88,6 +90,21 @@ def broadcast_shape(a, b) -> list[int] | None:
     return out
 
 
+def _narrowed_from(input, target) -> list[int] | None:
+    """The shape of the tensor ``target`` is a view of, when the target expands against the
+    input only along dims where that tensor has the input's sizes (``y[:, :1]`` of a (N, 3)
+    ``y`` against a (N, 3) prediction: the columns the slice dropped are the ones the other
+    outputs should be compared with); else None (an ensemble's (N, K) predictions of one
+    (N, 1) target made by ``y.unsqueeze(1)`` keeps no wider base)."""
+    base = target._base
+    if base is None or base.dim() != input.dim() or target.dim() != input.dim():
+        return None
+    expanded = [d for d, (x, y) in enumerate(zip(input.shape, target.shape)) if x != y]
+    if not expanded or any(base.shape[d] != input.shape[d] for d in expanded):
+        return None
+    return list(base.shape)
+
+
 class LossShapeWatcher:
     def __init__(self, rec: Recorder, calls: LossCalls | None = None):
         self.rec = rec
@@ -138,7 +155,10 @@ class LossShapeWatcher:
         a, b = list(pair[0]), list(pair[1])
         shape = broadcast_shape(a, b)
         size_a, size_b = math.prod(a), math.prod(b)
-        if shape is None or math.prod(shape) <= max(size_a, size_b):
+        narrowed = None
+        if shape is not None and shape == a and size_b < size_a:
+            narrowed = _narrowed_from(input, target)
+        if narrowed is None and (shape is None or math.prod(shape) <= max(size_a, size_b)):
             # torch raises for the first; in the second one side only expands (a scalar, a
             # per-feature target): the usual intent
             if len(self._fine) < _MAX_FINE:
@@ -162,7 +182,8 @@ class LossShapeWatcher:
         rec.emit_aside(ev.loss_broadcast(
             fn=fn, input_shape=a, target_shape=b, shape=shape,
             reduction=reduction if isinstance(reduction, str) else None,
-            grad=torch.is_grad_enabled() and (input.requires_grad or target.requires_grad)), loc)
+            grad=torch.is_grad_enabled() and (input.requires_grad or target.requires_grad),
+            narrowed_from=narrowed), loc)
 
     def _range(self, fn: str, input, target) -> None:
         """An ``output_range`` aside when the prediction comes out of a bounded activation and a

@@ -130,10 +130,15 @@ BATCH_SERVED: Topic[Callable[[int, int, int, Any], None]] = Topic(
     "(loader, epoch, index, batch) for each of the first batches the DataLoaders serve "
     "(SERVED_BATCHES in all), as the loader yields it")
 
+EPOCH_BEGUN: Topic[Callable[[int, int], None]] = Topic(
+    "epoch_begun", "DataLoaderWatcher",
+    "(loader, epoch) when a DataLoader's iteration begins an epoch after its first (where a "
+    "script unfreezes layers or switches phases)")
+
 GRADS_UNSCALED: Topic[Callable[["list[int]"], None]] = Topic(
     "grads_unscaled", "GradScalerWatcher",
     "(pids) after GradScaler.unscale_ divided those grads in place, which moves no version counter")
 
 TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_BEGINS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
                              DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD,
-                             STATE_LOADED, STATE_TAKEN, BATCH_SERVED, GRADS_UNSCALED)
+                             STATE_LOADED, STATE_TAKEN, BATCH_SERVED, EPOCH_BEGUN, GRADS_UNSCALED)

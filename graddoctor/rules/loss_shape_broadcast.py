@@ -42,7 +42,10 @@ class LossShapeBroadcast(Rule):
     no-op) is pointed at that line. Equal shapes, a scalar target and a target that only expands along
     the input (`(N, D)` against `(D,)`) are not reported. Other broadcasts that grow both sides
     (`(N, 1)` against `(1, M)`: a pairwise comparison, perhaps deliberate) are reported as info,
-    and not at all with `reduction='none'`, which keeps the pairwise tensor.
+    and not at all with `reduction='none'`, which keeps the pairwise tensor. A target that only
+    expands is reported when it is a slice of a tensor shaped like the prediction along the
+    dims it expands on (`yb[:, :1]` of a `(N, 3)` batch against `(N, 3)` outputs: every output
+    trained toward one column); an ensemble's `(N, K)` outputs against `y.unsqueeze(1)` are not.
 
     ## Why is this bad?
     `(N, 1)` and `(N,)` broadcast to `(N, N)`: every prediction is compared with every target of
@@ -64,7 +67,8 @@ class LossShapeBroadcast(Rule):
 
     ## Stays silent on
     Matching shapes and the broadcasts that are meant: a 0-d target, a per-feature target
-    (D,) or a (1, D) row against (N, D), `reduction='none'` terms, pairwise terms with both
+    (D,) or a (1, D) row against (N, D), one target column made by `unsqueeze` or `[:, None]`
+    for K heads of an ensemble, `reduction='none'` terms, pairwise terms with both
     sides unsqueezed on purpose; hand-written pairwise terms whose two sides are both computed
     (`s[:, None] - s[None, :]`), and differences against `M != N` centres. A hand-written
     difference against a target of shape `(N, N)` would read as a broadcast (no regression
@@ -92,6 +96,18 @@ class LossShapeBroadcast(Rule):
                 found = a.source.error_line(loc.path, loc.line)
                 if found is not None:
                     loc = Location(loc.path, found[0])
+            if e.get("narrowed_from"):
+                base = _shape(e.get("narrowed_from"))
+                evidence["narrowed_from"] = list(e.get("narrowed_from"))
+                yield self.finding(
+                    f"{fn} compares input {given} with target {target}, a slice of a {base} "
+                    f"tensor shaped like the input: the target broadcasts, so every output "
+                    f"column is trained toward the one column the slice kept and the columns it "
+                    f"dropped are never the target of anything",
+                    loc, step=step, evidence=evidence,
+                    fix="compare each output with its own target column: pass the whole tensor "
+                        "(or slice the prediction the same way)")
+                continue
             if not misaligned(evidence["input_shape"], evidence["target_shape"]):
                 if e.get("reduction") == "none":
                     continue  # both sides grow and the whole pairwise tensor is kept: meant

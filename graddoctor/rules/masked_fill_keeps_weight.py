@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -43,6 +45,26 @@ def normaliser_line(a, path: str) -> tuple[int, str] | None:
     return None
 
 
+def product_line(a, path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's one product of something with a name that says mask
+    (``scores * src_mask``) on a line that also calls a softmax or in the five lines above one;
+    None when there is not exactly one."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    softmaxes = [line for line, _, _ in a.source.calls_named(path, {"softmax", "Softmax"})]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
+                and any("mask" in ast.unparse(side).lower() for side in (node.left, node.right)) \
+                and any(0 <= s - node.lineno <= 5 for s in softmaxes):
+            found.add(node.lineno)
+    if len(found) != 1:
+        return None
+    line = found.pop()
+    return line, a.source.line_text(path, line).split("  #")[0].strip()
+
+
 class MaskedFillKeepsWeight(Rule):
     """
     ## What it does
@@ -54,7 +76,9 @@ class MaskedFillKeepsWeight(Rule):
     such as a temperature) is compared with the mask that fill saved: over the rows that hold
     masked and unmasked positions both, the mean weight the softmax gives the masked ones. A
     mask that masks leaves them exactly 0 (`exp(-1e9)` underflows); reported when they keep
-    more than 1% of the weight, at the script's `masked_fill` line. The same weight is read
+    more than 1% of the weight, at the script's `masked_fill` line. Scores multiplied by a 0/1
+    tensor without gradient before the softmax (`scores * mask`: the masked scores become 0,
+    not a mask) are read the same way and reported at the product's line. The same weight is read
     when the padding is taken out after the softmax instead: a `masked_fill` of a softmax's or
     log_softmax's result over the last axis (`F.log_softmax(scores, 1).masked_fill(pad, 0)`,
     a listwise ranking loss over padded lists, attention pooling) whose mask holds each row's
@@ -125,6 +149,9 @@ class MaskedFillKeepsWeight(Rule):
                 yield self._after(a, e, pids)
                 continue
             loc = e.loc
+            if e.get("multiplied"):
+                yield self._multiplied(a, e, pids, shape)
+                continue
             line = fill_line(a, loc.path, len(shape)) if loc is not None else None
             if line is not None:
                 loc = Location(loc.path, line[0])
@@ -146,6 +173,24 @@ class MaskedFillKeepsWeight(Rule):
                           "shape": shape, "params": pids[:16]},
                 fix=("fill with float('-inf') or a large negative number (-1e9, "
                      "torch.finfo(scores.dtype).min) so the masked positions get no weight"))
+
+    def _multiplied(self, a, e, pids, shape):
+        loc = e.loc
+        line = product_line(a, loc.path) if loc is not None else None
+        if line is not None:
+            loc = Location(loc.path, line[0])
+        written = f"`{line[1]}`" if line is not None else "a product with a 0/1 mask before the softmax"
+        return self.finding(
+            f"{written} masks the scores of a softmax of shape {tuple(shape)} by multiplying them "
+            f"with a 0/1 mask: the masked scores become 0, a score like any other, not one that "
+            f"takes them out, so they keep {e['share']:.1%} of the softmax's weight (they hold "
+            f"{e['masked']:.0%} of the positions; {e.get('rows')} rows with masked and unmasked "
+            f"positions read)",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"share": e["share"], "masked": e["masked"], "rows": e.get("rows"),
+                      "shape": shape, "params": pids[:16], "multiplied": True},
+            fix=("fill instead of multiplying: scores.masked_fill(mask == 0, float('-inf')) "
+                 "before the softmax"))
 
     def _after(self, a, e, pids):
         share, masked, shape = e.get("share"), e.get("masked"), list(e.get("shape") or ())

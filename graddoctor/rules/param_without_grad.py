@@ -71,7 +71,10 @@ class ParamWithoutGrad(Rule):
     of added to it (`forecast = f` for `forecast = forecast + f`: only the last block's forecast
     head trains), pointed at that assignment; a running value updated from the block's output
     and from itself that nothing else reads (`residual = residual - backcast` while each block
-    is given the raw input: no backcast head trains), pointed at the block's call.
+    is given the raw input: no backcast head trains), pointed at the block's call. A recurrent
+    layer (RNN, LSTM, GRU or one of their cells) whose output and state are both discarded is a
+    warning as well: a recurrence is never an optional head (a decoder step that computes the
+    next state and keeps the old one), pointed at its call.
 
     ## Example
     ```python
@@ -327,6 +330,18 @@ class ParamWithoutGrad(Rule):
                 related=(related(cause, f"the {module}'s forward"),
                          related(init, "the optimizer that owns them"), step_note),
                 evidence=evidence, fix=fix)
+        if discarded and module in _RECURRENT_LAYERS:
+            # a recurrent layer is no optional head: its output is the sequence the model reads
+            evidence["cause"] = "discarded"
+            return self.finding(
+                f"{head}: the {module} that holds them runs from this line, but its output and "
+                f"state are discarded (never used by the loss, and nothing around the call "
+                f"detaches it) while the rest of the model trains: the recurrence never reaches "
+                f"the loss, so the {module} never trains and what follows reads none of it",
+                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix=f"use the {module}'s output (or its new state) where the model goes on: "
+                    "`out, h = rnn(x, h)` and read `out`/`h` after it")
         if discarded:
             evidence["cause"] = "discarded"
             return self.finding(
@@ -483,6 +498,7 @@ def _discarded(a, cause, pids, trained) -> str | None:
     return "user"
 
 
+_RECURRENT_LAYERS = frozenset({"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"})
 _INDEX = re.compile(r"\.(\d+)\.")
 
 

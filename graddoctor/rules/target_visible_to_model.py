@@ -217,18 +217,23 @@ class TargetVisibleToModel(Rule):
         loc, fix = e.loc, ("slice the targets one position after the inputs: `data = "
                            "source[i:i + seq_len]`, `target = source[i + 1:i + 1 + seq_len]`")
         built = a.source.target_slice_line(path, columns=stepwise)
+        if built is None and stepwise:  # no targets slice: the call that feeds the decoder
+            tree = a.source.tree(path)
+            fed = _decoder_fed_target(tree, e.loc.line) or _step_indexed_call(tree)
+            if fed is not None:
+                loc = Location(path, fed, e.loc.function)
         if built is not None:
             loc = Location(path, built[0], e.loc.function)
         if stepwise:
             fix = ("take the targets one step after the tokens the decoder is fed: with "
-                   "`caps[:, t]` fed at step t, the target of step t is `caps[:, t + 1]` "
-                   "(`targets = caps[:, 1:]`)")
+                   "`seq[:, t]` fed at step t, the target of step t is `seq[:, t + 1]` "
+                   "(feed `seq[:, :-1]`, score against `seq[:, 1:]`)")
             return self.finding(
                 f"the decoder's loop reads one token per step ({e['lookups']} steps), and the "
-                f"loss's target at each step is the token it is fed at that step, the start token "
-                f"included ({e['positions']} positions compared): each step is trained to output "
-                f"the token it already reads, so the decoder learns to copy its input, not to "
-                f"predict the next token, and greedy decoding repeats the start token", loc,
+                f"loss's target at each step is the token it is fed at that step "
+                f"({e['positions']} positions compared): each step is trained to output the "
+                f"token it already reads, so the decoder learns to copy its input, not to "
+                f"predict the next token", loc,
                 evidence={"shift": 0, "positions": e["positions"], "lookups": e["lookups"],
                           "stepwise": True}, fix=fix)
         return self.finding(
@@ -779,3 +784,54 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
     return (None, "the model reads the positions after t (no causal mask on its way)",
             "make the model causal: a causal attention mask (`is_causal=True`, "
             "`nn.Transformer.generate_square_subsequent_mask(T)`) or a unidirectional RNN")
+
+
+_LOSS_NAMES = ("loss", "cross_entropy", "nll", "criterion")
+
+
+def _decoder_fed_target(tree, backward_line: int) -> int | None:
+    """The line of the call, in the dozen lines before the backward, that is given a slice of
+    the tensor whose slice is the loss's target (``dec(tgt[:, 1:], h)`` beside
+    ``cross_entropy(logits, tgt[:, 1:])``); None when there is not exactly one."""
+    if tree is None:
+        return None
+
+    def callee(call):
+        f = call.func
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+    def sliced(call):
+        return {n.value.id for arg in [*call.args, *(k.value for k in call.keywords)]
+                for n in ast.walk(arg) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)}
+
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and backward_line - 12 <= n.lineno < backward_line]
+    losses = [c for c in calls if any(w in callee(c).lower() for w in _LOSS_NAMES)]
+    targets = set().union(*(sliced(c) for c in losses)) if losses else set()
+    inner = {id(n) for c in losses for n in ast.walk(c)}
+    fed = {c.lineno for c in calls if id(c) not in inner and sliced(c) & targets
+           and not any(w in callee(c).lower() for w in _LOSS_NAMES)}
+    return fed.pop() if len(fed) == 1 else None
+
+
+def _step_indexed_call(tree) -> int | None:
+    """The line of the one call in a ``for t in ...`` loop of the script given ``x[t]`` (or
+    ``x[:, t]``) indexed by the loop's variable: where a decoder unrolled by hand reads its
+    step's token; None when there is not exactly one such line."""
+    if tree is None:
+        return None
+    lines = set()
+    for loop in ast.walk(tree):
+        if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)):
+            continue
+        var = loop.target.id
+        for stmt in loop.body:
+            for call in ast.walk(stmt):
+                if not isinstance(call, ast.Call):
+                    continue
+                for arg in call.args:
+                    if isinstance(arg, ast.Subscript):
+                        index = arg.slice.elts if isinstance(arg.slice, ast.Tuple) else [arg.slice]
+                        if any(isinstance(i, ast.Name) and i.id == var for i in index):
+                            lines.add(call.lineno)
+    return lines.pop() if len(lines) == 1 else None
