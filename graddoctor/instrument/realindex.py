@@ -178,6 +178,7 @@ class RealIndexWatcher:
         self._embedding_sites: dict = {}  # id(embedding weight) -> (weak ref, construction)
         self._reads: dict = {}  # site key -> calls judged
         self._counts: dict = {}  # site key -> counts per class of one-label-per-sample targets
+        self._stepwise: dict = {}  # site key -> backward count at its last 1-D lookup (-1: a loop)
         self._told: set = set()
         self._forwards: tuple = ()  # the code of the nn loss modules' forward
         self._loss_calls = 0  # calls looked at (``CALLS``)
@@ -344,6 +345,13 @@ class RealIndexWatcher:
         pad id), the pad id is judged like a class (``_like_a_class``): as frequent as the
         median other category (a rare "missing" marker is left alone), at most ``HIGH`` times
         the largest, three categories seen at least."""
+        # a table looked up twice between two backwards with one id per row is a decoder's
+        # loop reading a padded sequence one step at a time (its columns): not a category
+        backwards = self.rec.progress.backward_calls
+        if self._stepwise.get(key) == backwards or self._stepwise.get(key) == -1:
+            self._stepwise[key] = -1
+            return None
+        self._stepwise[key] = backwards
         kept = ids[(ids >= 0) & (ids < vocab)]
         counts = torch.bincount(kept, minlength=vocab)[:vocab].double()
         before = self._counts.get(key)

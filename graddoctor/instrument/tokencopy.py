@@ -132,8 +132,9 @@ def copies_stepwise(lookups: list, target: torch.Tensor, ignore: int) -> bool:
     """Whether a decoder loop's per-step lookups (one ``(B,)`` ids tensor per step, as many as
     the target has columns) are the target's columns, each lookup its own column: the start
     token's lookup too, which a decoder fed the previous token never has among its targets."""
+    # (an encoder's (B, S) lookup of the source below the same loss is not a step)
     steps = [ids for ids in lookups if ids.dim() == 1]
-    if len(steps) < 2 or len(steps) != len(lookups):
+    if len(steps) < 2:
         return False
     rows = steps[0].numel()
     if any(ids.numel() != rows for ids in steps) or target.numel() != rows * len(steps):
@@ -148,6 +149,8 @@ def copies_stepwise(lookups: list, target: torch.Tensor, ignore: int) -> bool:
         free = [c for c in range(len(steps)) if bool(keep[:, c].any())]
         matched = True
         for ids in steps:
+            if bool((ids == ignore).all()):
+                continue  # a step that reads padding only (past every row's end) judges nothing
             hit = next((c for c in free if _share(ids, cols[:, c], keep[:, c]) >= _SAME), None)
             if hit is None:
                 matched = False
@@ -231,8 +234,9 @@ class TokenCopyWatcher:
                 return
             if lookups and copies_stepwise(lookups, target, ignore):
                 self._told.add(loc)
+                steps = sum(1 for ids in lookups if ids.dim() == 1)
                 self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
-                                                  lookups=len(lookups), stepwise=True), loc)
+                                                  lookups=steps, stepwise=True), loc)
                 return
             scores = saved(node, "_saved_self")
             classes = int(scores.shape[-1]) if isinstance(scores, torch.Tensor) and scores.dim() == 2 else None
