@@ -12,18 +12,24 @@ _BIAS_NAMES = re.compile(r"alibi|slope", re.IGNORECASE)
 
 
 def bias_lines(tree: ast.AST) -> list[tuple[int, str]]:
-    """``(line, text)`` of the assignments inside functions whose text names ALiBi or its slopes
-    and that compute with them (a product or a sum, not a plain table built once)."""
+    """``(line, text)`` of the assignments inside functions that compute (a product or a sum)
+    with ALiBi's slopes, or assign an alibi-named value; the functions that make the slopes
+    themselves (``get_slopes``) left out."""
     out = []
     for fn in ast.walk(tree):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or "slope" in fn.name.lower():
             continue
         for node in ast.walk(fn):
             if not isinstance(node, (ast.Assign, ast.AugAssign)):
                 continue
             text = ast.unparse(node)
             value = node.value
-            if _BIAS_NAMES.search(text) and any(isinstance(n, ast.BinOp) for n in ast.walk(value)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            named = any(_BIAS_NAMES.search(ast.unparse(t)) for t in targets)
+            # the bias is built where the slopes are read, or where an alibi-named value is
+            # assigned; the scores that add it afterwards are not the line to change
+            if (re.search("slope", ast.unparse(value), re.IGNORECASE) or named) \
+                    and any(isinstance(n, ast.BinOp) for n in ast.walk(value)):
                 out.append((node.lineno, text))
     return sorted(set(out))
 
@@ -62,7 +68,9 @@ class AttentionPrefersDistantKeys(Rule):
     ## Stays silent on
     ALiBi with its penalty (`-m * (i - j)`, `m * (j - i)`, BLOOM's `m * j`); RoPE, learned or
     sinusoidal positions (no trend in the weights at the first steps); an attention sink on the
-    first key; non-causal attention; heads whose content scores dominate the batch mean.
+    first key; non-causal attention; heads whose content scores dominate the batch mean;
+    attention through `F.scaled_dot_product_attention`'s fused kernels (they keep no weights
+    to read: not judged).
     """
 
     code = "GD390"
@@ -84,7 +92,7 @@ class AttentionPrefersDistantKeys(Rule):
                     loc = Location(e.loc.path, lines[0][0])
                     text = lines[0][1]
                     related = (Related(e.loc, "the backward whose graph holds the attention"),)
-            if (loc.path, loc.line) in told if loc is not None else False:
+            if loc is not None and (loc.path, loc.line) in told:
                 continue  # the same bias at another length (a curriculum): said once
             if loc is not None:
                 told.add((loc.path, loc.line))
