@@ -38,6 +38,8 @@ _MIN_T = 8
 _RISE = 0.9  # rank correlation of weight with distance, per row
 _RATIO = 2.0  # farthest kept key against the query's own position
 _ROWS = 0.9  # share of the judged rows
+_JUDGED = 16  # rows judged per head
+_HEADS = 64  # heads judged per map
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
@@ -49,9 +51,11 @@ def distant_heads(weights: torch.Tensor) -> tuple[list[int], float] | None:
     keys, and the median ratio of the farthest kept key's weight to the diagonal's."""
     H, T, _ = weights.shape
     flagged, ratios = [], []
-    for h in range(H):
+    # at most _JUDGED rows of the second half, spread evenly: a long sequence costs no more
+    judged = sorted({int(i) for i in torch.linspace(T // 2, T - 1, min(_JUDGED, T - T // 2))})
+    for h in range(min(H, _HEADS)):
         good, rows = 0, 0
-        for i in range(T // 2, T):
+        for i in judged:
             keys = weights[h, i, 1:i + 1]  # keys 1..i, key 0 left out
             if keys.numel() < 3:
                 continue
