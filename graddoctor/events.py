@@ -1155,6 +1155,10 @@ cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis 
                    (inclusive transmittance), or an exclusive one along another axis than the
                    rendering's sum (axis) — at the first 3 backwards after cumulative ops,
                    once per call line (loc: the op's call; an aside; instrument/cumorder.py)
+cumulative_axis    op (cumsum | logcumsumexp | cumprod), shape (its result's, 3 axes or more), dim
+                   (the axis it runs over, from 0) — a cumulative op with a graph whose result
+                   the loss reads, at the first 3 backwards after cumulative ops, once per call
+                   line (loc: the op's call; an aside; instrument/cumorder.py)
 returns_order      steps (the log-probabilities weighted), gamma (the discount under which the
                    weights read as returns backwards), name (the script's name for the weights'
                    tensor, or None): per-step policy-gradient weights whose order is the reverse
@@ -1484,7 +1488,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1983,6 +1987,10 @@ def returns_order(*, steps: int, gamma: float, name: str | None) -> Made:
 def cumulative_order(*, op: str, case: str, key: str | None, rows: int | None,
                      dim: int | None) -> Made:
     return "cumulative_order", {"op": op, "case": case, "key": key, "rows": rows, "dim": dim}
+
+
+def cumulative_axis(*, op: str, shape: list[int], dim: int) -> Made:
+    return "cumulative_axis", {"op": op, "shape": shape, "dim": dim}
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
@@ -2714,7 +2722,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2769,7 +2777,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
-                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
+                         "augment_misaligned", "cumulative_order", "cumulative_axis", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

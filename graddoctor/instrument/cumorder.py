@@ -177,7 +177,8 @@ class CumulativeOrderWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.active = True
-        self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)])
+        self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)], result's shape)
+        self._axes_told: set = set()  # call lines whose axis was recorded
         self._judged = 0
         self._failed = False
         # the backwards listened to (``_LISTEN``); a later phase listens again
@@ -197,7 +198,7 @@ class CumulativeOrderWatcher:
             if result.dim() >= 1 and result.numel() == result.shape[0] >= _MIN_ROWS \
                     and op != "cumprod":
                 keys = self._keys(int(result.shape[0]))
-            self._noted[node] = (op, loc, keys)
+            self._noted[node] = (op, loc, keys, tuple(int(n) for n in result.shape))
         except Exception as exc:
             self.active = False
             self._failed = True  # never reopened after an internal error
@@ -260,7 +261,15 @@ class CumulativeOrderWatcher:
                 parents.setdefault(child, []).append(node)
                 stack.append(child)
         for node in found:
-            op, loc, keys = noted[node]
+            op, loc, keys, shape = noted[node]
+            if loc is not None and len(shape) >= 3 and (loc.path, loc.line) not in self._axes_told:
+                # the axis each prefix of a loss runs over, for the rules that know which axis
+                # holds the positions (prefix-sum-off-positions)
+                dim = saved_dims(node)
+                if isinstance(dim, int):
+                    self._axes_told.add((loc.path, loc.line))
+                    self.rec.emit_aside(ev.cumulative_axis(op=op, shape=list(shape),
+                                                           dim=dim % len(shape)), loc)
             if loc is None or (loc.path, loc.line) in self._done:
                 continue
             made = self._transmittance(node, op, parents) or self._normalizer(node, op, keys, parents)
