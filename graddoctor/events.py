@@ -1156,7 +1156,8 @@ cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis 
                    rendering's sum (axis) — at the first 3 backwards after cumulative ops,
                    once per call line (loc: the op's call; an aside; instrument/cumorder.py)
 cumulative_axis    op (cumsum | logcumsumexp | cumprod), shape (its result's, 3 axes or more), dim
-                   (the axis it runs over, from 0) — a cumulative op with a graph whose result
+                   (the axis it runs over, from 0), cdf (it ends at 1, or 0 for logcumsumexp,
+                   everywhere: a distribution's CDF) — a cumulative op with a graph whose result
                    the loss reads, at the first 3 backwards after cumulative ops, once per call
                    line (loc: the op's call; an aside; instrument/cumorder.py)
 returns_order      steps (the log-probabilities weighted), gamma (the discount under which the
@@ -1989,8 +1990,8 @@ def cumulative_order(*, op: str, case: str, key: str | None, rows: int | None,
     return "cumulative_order", {"op": op, "case": case, "key": key, "rows": rows, "dim": dim}
 
 
-def cumulative_axis(*, op: str, shape: list[int], dim: int) -> Made:
-    return "cumulative_axis", {"op": op, "shape": shape, "dim": dim}
+def cumulative_axis(*, op: str, shape: list[int], dim: int, cdf: bool = False) -> Made:
+    return "cumulative_axis", {"op": op, "shape": shape, "dim": dim, "cdf": cdf}
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,

@@ -15,7 +15,7 @@ from rule_traces import builder, findings, only
 SLUG = "prefix-sum-off-positions"
 
 
-def _axes(dim) -> list[dict]:
+def _axes(dim, probs=False) -> list[dict]:
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
         torch.manual_seed(0)
@@ -24,7 +24,8 @@ def _axes(dim) -> list[dict]:
         for _ in range(2):
             ids = torch.randint(0, 10, (4, 9))
             x = emb(ids[:, :-1])
-            loss = F.cross_entropy(head(x.cumsum(dim=dim)).reshape(-1, 10), ids[:, 1:].reshape(-1))
+            h = x.softmax(-1) if probs else x
+            loss = F.cross_entropy(head(h.cumsum(dim=dim)).reshape(-1, 10), ids[:, 1:].reshape(-1))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -32,16 +33,17 @@ def _axes(dim) -> list[dict]:
 
 
 def test_the_watcher_records_the_axis_of_each_prefix_once_per_line():
-    assert _axes(2) == [{"op": "cumsum", "shape": [4, 8, 6], "dim": 2}]
-    assert _axes(-2) == [{"op": "cumsum", "shape": [4, 8, 6], "dim": 1}]
+    assert _axes(2) == [{"op": "cumsum", "shape": [4, 8, 6], "dim": 2, "cdf": False}]
+    assert _axes(-2) == [{"op": "cumsum", "shape": [4, 8, 6], "dim": 1, "cdf": False}]
+    assert _axes(-1, probs=True)[0]["cdf"] is True  # a distribution's CDF over its classes
 
 
-def _trace(shape, dim, k=1, positions=31):
+def _trace(shape, dim, k=1, positions=31, cdf=False):
     t = builder()
     seq = {"k": k, "positions": positions, "t": 15, "future": False, "past": True}
     t.put(ev.dependency(model="LM", batch=16, source=None, mixed=None, op=None, op_at=None,
                         seq=seq, modules=[], forward=None), 40)
-    t.put(ev.cumulative_axis(op="cumsum", shape=shape, dim=dim), 33)
+    t.put(ev.cumulative_axis(op="cumsum", shape=shape, dim=dim, cdf=cdf), 33)
     return t
 
 
@@ -57,3 +59,4 @@ def test_silent_over_the_positions_without_next_token_targets_or_when_ambiguous(
     assert findings(_trace([16, 31, 4, 8, 8], 2, k=0), SLUG) == []
     assert findings(_trace([16, 31, 31, 8], 3), SLUG) == []  # T at two axes
     assert findings(_trace([16, 4, 8, 8], 2), SLUG) == []  # chunked: no axis of T
+    assert findings(_trace([16, 31, 50], 2, cdf=True), SLUG) == []  # a CDF over 50 classes

@@ -39,7 +39,9 @@ class PrefixSumOffPositions(Rule):
     Prefixes over the positions (any way the axis is written, `dim=1`, `dim=-4`); chunked
     forms whose shapes no longer hold T (a prefix within or across chunks); prefixes in models
     without next-token targets; prefixes without a graph (position ids from a mask); results
-    whose shape holds T at two axes (ambiguous).
+    whose shape holds T at two axes (ambiguous); the CDF of a per-position distribution over
+    classes or bins (a cumsum of probabilities ending at 1 everywhere: an ordinal or
+    earth-mover loss over the vocabulary).
     """
 
     code = "GD388"
@@ -60,7 +62,7 @@ class PrefixSumOffPositions(Rule):
         T, = lengths
         for e in a.of_kind("cumulative_axis"):
             shape, dim, op = list(e["shape"]), int(e["dim"]), e["op"]
-            if shape.count(T) != 1 or shape[dim] in (T, 1):
+            if e.get("cdf") or shape.count(T) != 1 or shape[dim] in (T, 1):
                 continue
             axis = shape.index(T)
             yield self.finding(
