@@ -435,6 +435,18 @@ placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log),
                    loss call; an aside; instrument/placeholders.py); fn log: a sparse map
                    without gradient given to torch.log / Tensor.log at the first backwards (loc:
                    the log call)
+normaliser_sign    op (div | reciprocal), sum (the summing node below the denominator), shape,
+                   negative, positive (the denominator's shares of each sign), feature (the
+                   signed activation below the sum, by its function's name, or None) — a
+                   quotient whose denominator, a sum of products of activations, holds both
+                   signs (5 % each at least) in the graph of one of the first 3 backwards; once
+                   per op and shape (loc: the backward's line; an aside; instrument/normsign.py)
+distance_bias      shape (the softmax's), heads (the heads that prefer distant keys), of (the
+                   heads in all), ratio (median weight of the farthest kept key over the
+                   query's own) — a causal softmax over square scores whose batch-mean weights
+                   rise with the distance in the second half of the rows, in the graph of one of
+                   the first 3 backwards; once per shape (loc: the backward's line; an aside;
+                   instrument/distancebias.py)
 channel_pool       op (max | amax | mean | sum | logsumexp), shape (the pooled input's), dims ([1])
                    — a reduction over exactly dim 1 of a convolution's channels-first output
                    (through elementwise ops), read by a linear layer (through views and
@@ -1153,6 +1165,11 @@ cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis 
                    (inclusive transmittance), or an exclusive one along another axis than the
                    rendering's sum (axis) — at the first 3 backwards after cumulative ops,
                    once per call line (loc: the op's call; an aside; instrument/cumorder.py)
+cumulative_axis    op (cumsum | logcumsumexp | cumprod), shape (its result's, 3 axes or more), dim
+                   (the axis it runs over, from 0), cdf (it ends at 1, or 0 for logcumsumexp,
+                   everywhere: a distribution's CDF) — a cumulative op with a graph whose result
+                   the loss reads, at the first 3 backwards after cumulative ops, once per call
+                   line (loc: the op's call; an aside; instrument/cumorder.py)
 returns_order      steps (the log-probabilities weighted), gamma (the discount under which the
                    weights read as returns backwards), name (the script's name for the weights'
                    tensor, or None): per-step policy-gradient weights whose order is the reverse
@@ -1482,7 +1499,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1846,6 +1863,16 @@ def channel_pool(*, op: str, shape: list[int], dims: list[int]) -> Made:
     return "channel_pool", {"op": op, "shape": shape, "dims": dims}
 
 
+def distance_bias(*, shape: list[int], heads: list[int], of: int, ratio: float) -> Made:
+    return "distance_bias", {"shape": shape, "heads": heads, "of": of, "ratio": ratio}
+
+
+def normaliser_sign(*, op: str, sum: str, shape: list[int], negative: float, positive: float,
+                    feature: str | None) -> Made:
+    return "normaliser_sign", {"op": op, "sum": sum, "shape": shape, "negative": negative,
+                               "positive": positive, "feature": feature}
+
+
 def cells_transposed(*, shape: list[int], cells: int, inside: int, positives: int) -> Made:
     return "cells_transposed", {"shape": shape, "cells": cells, "inside": inside,
                                 "positives": positives}
@@ -1974,6 +2001,10 @@ def returns_order(*, steps: int, gamma: float, name: str | None) -> Made:
 def cumulative_order(*, op: str, case: str, key: str | None, rows: int | None,
                      dim: int | None) -> Made:
     return "cumulative_order", {"op": op, "case": case, "key": key, "rows": rows, "dim": dim}
+
+
+def cumulative_axis(*, op: str, shape: list[int], dim: int, cdf: bool = False) -> Made:
+    return "cumulative_axis", {"op": op, "shape": shape, "dim": dim, "cdf": cdf}
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
@@ -2709,7 +2740,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2754,7 +2785,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
@@ -2764,7 +2795,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
-                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
+                         "augment_misaligned", "cumulative_order", "cumulative_axis", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

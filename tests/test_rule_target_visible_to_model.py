@@ -514,3 +514,60 @@ def test_a_target_that_is_the_input_reversed_is_a_reconstruction():
     assert judge("rnn", reversed_pairs, 0, 10, False, set(range(10)), 9, 10) is None
     late = [(0, 9)]  # a forecaster whose window starts at the input's last step
     assert judge("rnn", late, 0, 3, False, set(range(10)), 9, 10) == 9
+
+
+SSM_SCRIPT = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class S4D(nn.Module):
+    def forward(self, u):
+        L = u.size(-1)
+        k_f = torch.fft.rfft(self.kernel(L), n=2 * L)
+        u_f = torch.fft.rfft(u, n=2 * L)
+        y = torch.fft.irfft(u_f * k_f, n=L)[..., :L]
+        return y
+"""
+
+MAMBA_SCRIPT = """import torch
+from torch import nn
+
+
+class Mamba(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1d = nn.Conv1d(8, 8, kernel_size=4, groups=8, padding=3)
+
+    def forward(self, x):
+        l = x.size(1)
+        x = self.conv1d(x.transpose(1, 2))[:, :, -l:].transpose(1, 2)
+        return x
+"""
+
+
+def test_an_fft_convolution_inverted_at_the_wrong_length_is_the_leak(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(SSM_SCRIPT)
+    path = str(script)
+    f = only(_trace({"forward": [path, 7]}, path=path), SLUG)
+    assert f.location.line == 11
+    assert "inverts with length L, not the forward transforms' 2*L" in f.message
+    assert "n=2 * L" in f.fix
+
+
+def test_transforms_without_a_length_are_circular(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(SSM_SCRIPT.replace(", n=2 * L)", ")"))
+    path = str(script)
+    f = only(_trace({"forward": [path, 7]}, path=path), SLUG)
+    assert f.location.line == 9 and "no n=" in f.message
+
+
+def test_a_padded_conv_cropped_from_its_start_is_the_leak_not_its_padding(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(MAMBA_SCRIPT)
+    path = str(script)
+    f = only(_trace({"forward": [path, 10]}, path=path), SLUG)
+    assert f.location.line == 12
+    assert "[:, :, -l:]" in f.message and "keep the first L outputs" in f.fix

@@ -89,6 +89,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "dense/bad_grid_not_normalised_flow_pixels.py",  # grid_scale
             "dense/bad_placeholder_targets_sparse_depth.py",  # placeholder_targets
             "dense/bad_pooled_over_channels_gap.py",  # channel_pool
+            "numerics/bad_normaliser_changes_sign_linear_attention_encoder.py",  # normaliser_sign
+            "masks/bad_attention_prefers_distant_keys_bloom_bias.py",  # distance_bias
+            "dependency/bad_prefix_sum_off_positions_gated_decay.py",  # cumulative_axis
             "losses/bad_hard_samples_pushed_up_sigmoid_focal_anchors.py",  # easy_weighted
             "dense/bad_loss_on_ignored_pixels_soft_iou.py",  # ignored_mask
             "masks/bad_mask_keeps_padding_token_loss.py",  # padding_kept

@@ -118,6 +118,8 @@ from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .bagoffsets import BagOffsetsWatcher
 from .channelpool import ChannelPoolWatcher
+from .normsign import NormaliserSignWatcher
+from .distancebias import DistanceBiasWatcher
 from .easyweight import EasyWeightWatcher
 from .handweights import HandWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
@@ -541,6 +543,15 @@ class Instrumentation:
         channel_pool = ChannelPoolWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, channel_pool.describe_loss)
         self.watchers.append(channel_pool)
+        # a normaliser summed from signed features (normaliser-changes-sign) and a causal
+        # attention that prefers its farthest keys (attention-prefers-distant-keys): the graph
+        # of the first backwards walked, no wrapper
+        normaliser_sign = NormaliserSignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, normaliser_sign.describe_loss)
+        self.watchers.append(normaliser_sign)
+        distance_bias = DistanceBiasWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, distance_bias.describe_loss)
+        self.watchers.append(distance_bias)
         # a focal-style weight that falls as the loss rises (easy-examples-upweighted): the
         # graph of the first backwards walked, no wrapper
         easy = EasyWeightWatcher(rec)

@@ -173,11 +173,27 @@ def _is_key(value, rows: int, exclude) -> bool:
         return False
 
 
+def _distribution_prefix(op: str, node, result) -> bool:
+    """Whether a cumulative op of 3 axes or more (CPU) ends at 1 (``cumsum``) or 0
+    (``logcumsumexp``) everywhere along its axis: the CDF of a distribution over classes or
+    bins, not a running state."""
+    if op == "cumprod" or result.dim() < 3 or result.device.type != "cpu" \
+            or not result.is_floating_point():
+        return False
+    dim = saved_dims(node)
+    if not isinstance(dim, int):
+        return False
+    with torch.no_grad():
+        last = result.detach().select(dim, -1)
+        return bool(((last - (1.0 if op == "cumsum" else 0.0)).abs() < 1e-3).all())
+
+
 class CumulativeOrderWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.active = True
-        self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)])
+        self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)], result's shape)
+        self._axes_told: set = set()  # call lines whose axis was recorded
         self._judged = 0
         self._failed = False
         # the backwards listened to (``_LISTEN``); a later phase listens again
@@ -197,7 +213,8 @@ class CumulativeOrderWatcher:
             if result.dim() >= 1 and result.numel() == result.shape[0] >= _MIN_ROWS \
                     and op != "cumprod":
                 keys = self._keys(int(result.shape[0]))
-            self._noted[node] = (op, loc, keys)
+            self._noted[node] = (op, loc, keys, tuple(int(n) for n in result.shape),
+                                 _distribution_prefix(op, node, result))
         except Exception as exc:
             self.active = False
             self._failed = True  # never reopened after an internal error
@@ -260,7 +277,15 @@ class CumulativeOrderWatcher:
                 parents.setdefault(child, []).append(node)
                 stack.append(child)
         for node in found:
-            op, loc, keys = noted[node]
+            op, loc, keys, shape, cdf = noted[node]
+            if loc is not None and len(shape) >= 3 and (loc.path, loc.line) not in self._axes_told:
+                # the axis each prefix of a loss runs over, for the rules that know which axis
+                # holds the positions (prefix-sum-off-positions)
+                dim = saved_dims(node)
+                if isinstance(dim, int):
+                    self._axes_told.add((loc.path, loc.line))
+                    self.rec.emit_aside(ev.cumulative_axis(op=op, shape=list(shape),
+                                                           dim=dim % len(shape), cdf=cdf), loc)
             if loc is None or (loc.path, loc.line) in self._done:
                 continue
             made = self._transmittance(node, op, parents) or self._normalizer(node, op, keys, parents)

@@ -32,7 +32,11 @@ class TargetVisibleToModel(Rule):
     given), an op of the model's forward that normalises or reduces over the time axis
     (`F.layer_norm(x, x.shape[-2:])`, `x - x.mean(dim=1)`), reported at that op; a norm layer
     built over positions and features (`nn.LayerNorm([T, C])`) or a `Conv1d` padded at both ends
-    (`padding=k // 2`, `"same"`), reported where it is built. It also finds the opposite case: a causal model whose targets are
+    (`padding=k // 2`, `"same"`), reported where it is built, or, when the forward crops such a
+    convolution's output from its start (Mamba's depthwise conv padded by k - 1 and cut with
+    `[..., -L:]`), at the crop; an FFT convolution (S4, H3, Hyena) whose transforms are not
+    padded to 2L, so the product's inverse is circular (`irfft(.., n=L)` after `rfft(.., n=2 *
+    L)`, or forward transforms without `n=`), reported at the transform. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
     to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
@@ -133,7 +137,9 @@ class TargetVisibleToModel(Rule):
     or padded by (k - 1) * dilation and cropped on the right) trained on the next step, a
     non-causal convolutional denoiser whose target is the clean series at its own positions, a
     `Conv1d` subclass whose own forward pads its input (not judged), models whose first layers
-    are attention (not judged).
+    are attention (not judged); FFT convolutions padded to 2L (by `n=2 * L`, or by `F.pad` before
+    transforms without `n=`) whose first L outputs are kept, and a conv padded by k - 1 on both
+    ends whose first L outputs are kept (Mamba's).
     """
 
     code = "GD244"
@@ -633,6 +639,54 @@ _NORM_SHAPE = re.compile(r"LayerNorm\(\s*(\[|\()[^\]\)]*,|LayerNorm\([^)]*shape\
 _CONV_PADDED = re.compile(r"Conv1d\(.*padding\s*=\s*(?!0\s*[,)])[^,)]+")
 
 
+_FORWARD_FFT = ("rfft", "fft", "rfftn", "fftn")
+_INVERSE_FFT = ("irfft", "ifft", "irfftn", "ifftn")
+
+
+def _fft_length(call: ast.Call) -> str | None:
+    """The text of an FFT call's length argument (``n=`` or the second positional), or None."""
+    for kw in call.keywords:
+        if kw.arg in ("n", "s"):
+            return ast.unparse(kw.value).replace(" ", "")
+    if len(call.args) > 1:
+        return ast.unparse(call.args[1]).replace(" ", "")
+    return None
+
+
+def _fft_wraps(a, path: str) -> tuple[int, str, str] | None:
+    """``(line, text, why)`` of the transform that makes an FFT convolution of ``path``
+    circular: in one function that multiplies forward transforms and inverts the product, an
+    inverse whose length is none of the forward transforms' (``irfft(.., n=L)`` after
+    ``rfft(.., n=2 * L)``), or forward transforms that all leave the length out (the script's
+    padding before them is not read: the caller asks only once the probe measured a leak)."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        forward, inverse = [], []
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                if n.func.attr in _FORWARD_FFT:
+                    forward.append(n)
+                elif n.func.attr in _INVERSE_FFT:
+                    inverse.append(n)
+        if len(forward) < 2 or not inverse:
+            continue  # a convolution transforms two signals (or a kernel made in the frequency domain)
+        lengths = {_fft_length(c) for c in forward}
+        for inv in inverse:
+            n = _fft_length(inv)
+            if n is not None and None not in lengths and n not in lengths:
+                return inv.lineno, ast.unparse(inv), f"inverts with length {n}, not the forward transforms' {sorted(lengths)[0]}"
+        if lengths == {None}:
+            # no length given: each signal is transformed at its own length, and the product's
+            # inverse is a circular convolution (a leak only when the probe measured one)
+            first = min(forward, key=lambda c: c.lineno)
+            return first.lineno, ast.unparse(first), "transforms at the sequence's own length (no n=)"
+    return None
+
+
 def _conv_padded_both_sides(a, path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the first ``nn.Conv1d`` built outside a ``forward`` of ``path`` with a
     padding (both ends), when no ``forward`` pads the left end itself (``F.pad(h, (k - 1, 0))``)."""
@@ -753,6 +807,16 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     f"position attends to the positions after it",
                     "mask the scores before the softmax: `scores.masked_fill(torch.ones(T, T, "
                     "dtype=torch.bool).triu(1), float('-inf'))`")
+        wraps = _fft_wraps(a, path)
+        if wraps is not None:
+            line, text, why = wraps
+            return (Location(path, line),
+                    f"`{text}` {why}: an FFT convolution over L positions is circular unless both "
+                    f"transforms are padded to at least 2L, so the last inputs wrap around onto "
+                    f"the first outputs",
+                    "zero-pad both transforms to twice the length and keep the first L outputs: "
+                    "`torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * torch.fft.rfft(k, n=2 * L), "
+                    "n=2 * L)[..., :L]`")
         across = _across_positions(a, path)
         if across is not None:
             line, text = across
@@ -765,6 +829,16 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     "`F.layer_norm(x, (C,))`, `nn.LayerNorm(C)`), or reduce over the positions "
                     "up to t only (a cumulative mean)")
         conv = _conv_padded_both_sides(a, path)
+        crop = _crop_keeping_end(a, path) if conv is not None else None
+        if crop is not None:
+            # a conv padded by k - 1 on both ends is causal once its last k - 1 outputs are
+            # dropped (Mamba's, H3's depthwise conv): the crop keeping the end is what leaks
+            return (Location(path, crop),
+                    f"`{a.source.line_text(path, crop).strip()}` keeps the last positions of a "
+                    f"convolution padded at both ends (`{conv[1].strip()}`): each kept output's "
+                    f"window covers the positions after it",
+                    "keep the first L outputs of the padded convolution (`x[..., :L]`, or "
+                    "`x[..., :-pad]`), whose windows end at their own position")
         if conv is not None:
             line, text = conv
             return (Location(path, line),
