@@ -73,3 +73,12 @@ def test_the_finding_is_a_warning_at_the_weights_assignment(tmp_path, monkeypatc
     t = builder()
     t.backward(fresh=[0, 1], line=9)
     assert findings(t, SLUG) == []
+
+
+def test_a_memory_queue_carried_across_iterations_holds_no_positive(tmp_path):
+    loop = ("queue = torch.randn(64, 8)\ntemp = 0.07\nfor step in range(3):\n"
+            "    fi, ft = enc(x), enc(y)\n    sim = fi @ {other}.t() / temp\n"
+            "    neg = {other}[sim.argmax(1)]\n    queue = torch.cat([ft.detach(), queue])[:64]\n")
+    assert _found(tmp_path, loop.format(other="queue")) == []
+    # the batch's own features, made in the loop (a temperature set before it is no bank)
+    assert _found(tmp_path, loop.format(other="ft")) == [(5, "sim", 6)]

@@ -14,7 +14,9 @@ masks, fills or rewrites any name of that chain (``fill_diagonal_``, ``masked_fi
 ``where``, an in-place method, an item or augmented assignment, an infinity): a scope that does
 is trusted (reading the diagonal, ``sim.diag()`` for the positives, is no mask).
 A product with a parameter (``h @ self.emb.weight.t()``: a tied language-model head, whose
-sampling draws tokens) is no similarity of two batches.
+sampling draws tokens) is no similarity of two batches; nor, inside a loop, a product with a
+name last assigned before the loop began (a MoCo/ALBEF memory queue of past features, carried
+across iterations: it holds no current positive).
 """
 
 from __future__ import annotations
@@ -122,7 +124,10 @@ def _scope_draws(scope) -> list[tuple[int, str, str, int, str]]:
                 for name in (x.id for x in ast.walk(t) if isinstance(x, ast.Name)):
                     assigns.setdefault(name, []).append(n)
     similar: dict[str, ast.Assign] = {}  # name -> its assignment, in order of the source
+    loops = [n for n in nodes if isinstance(n, (ast.For, ast.While))]
     for n in sorted((n for n in nodes if isinstance(n, ast.Assign)), key=lambda s: (s.lineno, s.col_offset)):
+        if _pairwise(n.value) and _against_bank(n, assigns, loops):
+            continue
         if _pairwise(n.value) or _names(n.value) & similar.keys():
             for t in n.targets:
                 if isinstance(t, ast.Name):
@@ -156,6 +161,28 @@ def _scope_draws(scope) -> list[tuple[int, str, str, int, str]]:
         text = ast.unparse(target).strip() if target is not None else ast.unparse(n)
         found.append((line, text, base or ast.unparse(weights), n.lineno, ast.unparse(n)))
     return found
+
+
+def _against_bank(stmt, assigns: dict, loops: list) -> bool:
+    """Whether the product at ``stmt``, inside a loop, reads a name last assigned before that
+    loop began (a memory queue of past features, carried across iterations): it holds no row
+    of the current batch, so no positive to draw."""
+    around = [loop for loop in loops
+              if loop.lineno < stmt.lineno <= (loop.end_lineno or loop.lineno)]
+    if not around:
+        return False
+    loop = max(around, key=lambda l: l.lineno)
+    operands = set()
+    for n in ast.walk(stmt.value):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
+            operands |= _names(n.left) | _names(n.right)
+        elif isinstance(n, ast.Call) and _called(n) in ("mm", "matmul", "einsum"):
+            operands |= set().union(*(_names(arg) for arg in n.args)) if n.args else set()
+    for name in operands - _MODULES:
+        before = [a for a in assigns.get(name, ()) if a.lineno < stmt.lineno]
+        if before and max(a.lineno for a in before) < loop.lineno:
+            return True
+    return False
 
 
 def _chain(name: str, similar: dict) -> set[str]:
