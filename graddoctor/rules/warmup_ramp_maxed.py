@@ -120,7 +120,7 @@ def _lambda_counter(node: ast.AST, parents) -> frozenset:
 
 
 def maxed_ramps(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
-    """``(line, call, cap, ramp, kind)`` of ``max(cap, ramp)``: a fraction rising with the loop's
+    """``(line, call, cap, ramp, averaging)`` of ``max(cap, ramp)``: a fraction rising with the loop's
     counter, floored at a cap of 1 or at an averaging decay (0.5 or more, or named a decay)."""
     binds = _bindings(tree)
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
@@ -143,8 +143,8 @@ def maxed_ramps(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
                 continue
             if _capped_later(tree, node, parents):
                 continue
-            kind = "decay" if (number is None or number < 1.0) else "one"
-            found.append((node.lineno, ast.unparse(node), ast.unparse(cap), ast.unparse(ramp_value), kind))
+            averaging = number is None or number < 1.0  # an averaging decay, not a factor of 1
+            found.append((node.lineno, ast.unparse(node), ast.unparse(cap), ast.unparse(ramp_value), averaging))
             break
     return found
 
@@ -202,8 +202,8 @@ class WarmupRampMaxed(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
-            for line, call, cap, ramp, kind in maxed_ramps(tree):
-                if kind == "decay":
+            for line, call, cap, ramp, averaging in maxed_ramps(tree):
+                if averaging:
                     why = (f"the ramp `{ramp}` starts below `{cap}` and rises towards it, so `{call}` "
                            f"is `{cap}` from the first step: the average starts from the random "
                            f"initial weights with the full decay and stays close to them long after "
