@@ -25,3 +25,28 @@ def test_correct_sums_are_silent():
     assert _hits("x_prev = ab_prev.sqrt() * x0_pred + (1 - ab_prev).sqrt() * eps") == 0
     assert _hits("x_t = (1 - t) * x0 + t * noise") == 0  # flow matching: no alpha named
     assert _hits("y = a * x + b * noise") == 0
+
+
+def _velocity_hits(code: str) -> int:
+    from graddoctor.rules.noise_schedule_swapped import swapped_velocity_targets
+    return len(swapped_velocity_targets(ast.parse(code)))
+
+
+def test_velocity_target_with_operands_swapped_is_found():
+    step = "x_t = a * x0 + s * noise\n"
+    assert _velocity_hits(step + "v = a * x0 - s * noise") == 1
+    assert _velocity_hits(step + "v = x0 * a - noise * s") == 1
+    assert _velocity_hits("def f(x0, t):\n    eps = torch.randn_like(x0)\n"
+                          "    x_t = ab[t].sqrt() * x0 + (1 - ab[t]).sqrt() * eps\n"
+                          "    return x_t, ab[t].sqrt() * x0 - (1 - ab[t]).sqrt() * eps") == 1
+
+
+def test_velocity_targets_and_conversions_are_silent():
+    step = "x_t = a * x0 + s * noise\n"
+    assert _velocity_hits(step + "v = a * noise - s * x0") == 0
+    assert _velocity_hits(step + "x0_hat = a * x_t - s * v_pred") == 0
+    assert _velocity_hits(step + "d = b * x0 - c * noise") == 0  # other coefficients than the step's
+    assert _velocity_hits("v = a * x0 - s * noise") == 0  # no forward step in the scope
+    # the step in another function: each scope on its own
+    assert _velocity_hits("def f():\n    x_t = a * x0 + s * noise\n"
+                          "def g():\n    v = a * x0 - s * noise") == 0

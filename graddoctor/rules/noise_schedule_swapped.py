@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -72,6 +73,55 @@ def swapped_forward_steps(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     return found
 
 
+def _products(node: ast.AST, op: type) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """``((a, x), (b, y))`` as texts of ``a * x <op> b * y``, or None."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, op)):
+        return None
+    out = []
+    for side in (node.left, node.right):
+        if not (isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)):
+            return None
+        out.append((ast.unparse(side.left), ast.unparse(side.right)))
+    return out[0], out[1]
+
+
+def _scopes(tree: ast.AST):
+    yield tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def swapped_velocity_targets(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``(line, text, forward, velocity)`` of each difference ``c_signal * x0 - c_noise * noise``
+    in a scope whose forward step is ``c_signal * x0 + c_noise * noise`` with the same four
+    operands (in any order within a product): the v-prediction target with its operands
+    swapped. The velocity of that step is ``c_signal * noise - c_noise * x0``."""
+    found = []
+    for scope in _scopes(tree):
+        steps, diffs = [], []
+        for node in scope_walk(scope):
+            add = _products(node, ast.Add)
+            if add is not None:
+                for (c1, o1), (c2, o2) in (add, add[::-1]):
+                    for a, x in ((c1, o1), (o1, c1)):
+                        for b, n in ((c2, o2), (o2, c2)):
+                            if _is_noise(ast.parse(n, mode="eval").body) and not _is_noise(
+                                    ast.parse(x, mode="eval").body) and a != b and x != n:
+                                steps.append((a, x, b, n, ast.unparse(node)))
+            sub = _products(node, ast.Sub)
+            if sub is not None:
+                diffs.append((node, sub))
+        for node, ((p1, q1), (p2, q2)) in diffs:
+            left, right = {p1, q1}, {p2, q2}
+            for a, x, b, n, fwd in steps:
+                if left == {a, x} and right == {b, n}:
+                    found.append((node.lineno, ast.unparse(node), fwd,
+                                  f"{a} * {n} - {b} * {x}"))
+                    break
+    return found
+
+
 class NoiseScheduleSwapped(Rule):
     """
     ## What it does
@@ -88,6 +138,11 @@ class NoiseScheduleSwapped(Rule):
     backwards, so sampling, which starts from noise at t = T, begins where the model saw nearly
     clean images. The loss still falls; the samples are noise.
 
+    It also finds a v-prediction target built with the clean sample and the noise swapped:
+    in a scope whose forward step is `c_signal * x0 + c_noise * noise`, a difference
+    `c_signal * x0 - c_noise * noise` of the same four operands. The velocity of that step is
+    `c_signal * noise - c_noise * x0`.
+
     ## Example
     ```python
     x_t = sqrt_one_minus_ab[t] * x0 + sqrt_ab[t] * noise
@@ -100,7 +155,8 @@ class NoiseScheduleSwapped(Rule):
 
     ## Stays silent on
     The forward step as written in DDPM; a v-prediction target (`sqrt_ab * noise -
-    sqrt_one_minus_ab * x0`, a difference); the DDIM update (`sqrt(ab_prev) * x0_pred +
+    sqrt_one_minus_ab * x0`, a difference); the clean sample recovered from a predicted
+    velocity (`sqrt_ab * x_t - sqrt_one_minus_ab * v_pred`: other operands than the step's); the DDIM update (`sqrt(ab_prev) * x0_pred +
     sqrt(1 - ab_prev) * eps`); flow matching's `(1 - t) * x0 + t * noise` (no alpha named);
     coefficients whose names say neither.
     """
@@ -109,7 +165,8 @@ class NoiseScheduleSwapped(Rule):
     slug = "noise-schedule-swapped"
     severity = Severity.WARNING
     summary = ("a diffusion forward step scales the clean sample by the noise's coefficient and "
-               "the noise by the signal's: the schedule runs backwards")
+               "the noise by the signal's (the schedule runs backwards), or a v-prediction target "
+               "swaps the clean sample and the noise")
     fix = "scale the clean sample by sqrt(alpha_bar[t]) and the noise by sqrt(1 - alpha_bar[t])"
 
     def check(self, a):
@@ -129,3 +186,12 @@ class NoiseScheduleSwapped(Rule):
                     Location(path, line), evidence={"noise": noise, "clean": clean},
                     fix=f"swap the two coefficients: the one with the cumulative alpha goes on "
                         f"`{clean}`, the one with one minus it on `{noise}`")
+            for line, text, forward, velocity in swapped_velocity_targets(tree):
+                yield self.finding(
+                    f"`{text}` is the forward step `{forward}` with a minus, not its velocity: "
+                    f"a v-prediction target scales the noise by the signal's coefficient and "
+                    f"subtracts the clean sample scaled by the noise's; trained on this target "
+                    f"the model's v is converted back to a wrong clean sample and noise at every "
+                    f"step of sampling",
+                    Location(path, line), evidence={"forward": forward, "velocity": velocity},
+                    fix=f"build the velocity as `{velocity}`")
