@@ -41,3 +41,13 @@ def test_different_or_uncompared_inputs_are_silent():
     assert _hits(_HEAD + "p = model(x)\ntg = ema(x)\nl = mse(p, tg)") == []  # one argument
     assert _hits(_HEAD + "net = nn.Sequential(nn.Dropout(0.1))\np = model(x, s)\ntg = ema(x, s)\n"
                  "l = mse(p, tg)") == []  # dropout makes the two differ
+
+
+def test_a_gap_logged_under_no_grad_is_no_loss():
+    logged = (_HEAD + "p = model(x, t)\nloss = mse(p, eps)\nwith torch.no_grad():\n"
+              "    tg = ema(x, t)\n    gap = (p.detach() - tg).pow(2).mean()\n")
+    assert _hits(logged) == []
+    assert _hits(_HEAD + "p = model(x, t)\ntg = ema(x, t)\ngap = ((p - tg) ** 2).mean().item()") == []
+    # the target under no_grad and the loss outside it is the bug
+    assert len(_hits(logged.replace("    gap = (p.detach() - tg).pow(2).mean()\n",
+                                    "loss = ((p - tg) ** 2).mean()\n"))) == 1

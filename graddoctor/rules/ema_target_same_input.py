@@ -88,6 +88,22 @@ def _assigned_between(scope: ast.AST, names: set[str], lo: int, hi: int) -> bool
     return False
 
 
+def _no_grad_lines(scope: ast.AST) -> list[tuple[int, int]]:
+    """The line spans of the scope's ``with torch.no_grad()`` / ``inference_mode()`` blocks."""
+    return [(n.lineno, n.end_lineno or n.lineno) for n in scope_walk(scope)
+            if isinstance(n, ast.With) and any(
+                w in _text(item.context_expr) for item in n.items for w in ("no_grad", "inference_mode"))]
+
+
+def _trains(stmt: ast.stmt, quiet: list[tuple[int, int]]) -> bool:
+    """A statement that can be a loss: outside every no_grad block, and not read out as a
+    number (``.item()``: a logged gap between the network and its average)."""
+    if any(lo <= stmt.lineno <= hi for lo, hi in quiet):
+        return False
+    return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in ("item", "tolist") for n in ast.walk(stmt))
+
+
 def same_input_pairs(tree: ast.AST, text: str) -> list[tuple[int, int, str, str, str]]:
     """``(online line, copy line, online call, copy call, copy)`` of two calls in one scope that
     give a network and its averaged copy the same arguments, two or more besides the network
@@ -141,13 +157,15 @@ def same_input_pairs(tree: ast.AST, text: str) -> list[tuple[int, int, str, str,
                     s_on, s_co = stmt_of.get(id(online)), stmt_of.get(id(other))
                     if s_on is None or s_co is None:
                         continue
-                    met = s_on is s_co
-                    if not met:
+                    quiet = _no_grad_lines(scope)
+                    met = s_on is s_co and _trains(s_on, quiet)
+                    if s_on is not s_co:
                         n_on, n_co = _bound_name(s_on, online), _bound_name(s_co, other)
                         if n_on and n_co:
                             met = any(isinstance(st, ast.stmt) and st.lineno > hi
                                       and {n_on, n_co} <= _reads(st)
                                       and not isinstance(st, (ast.For, ast.While, ast.If, ast.With))
+                                      and _trains(st, quiet)
                                       for st in scope_walk(scope))
                     if met:
                         found.append((online.lineno, other.lineno, _text(online), _text(other), copy))
