@@ -248,14 +248,17 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     if loc is None:
         return False
     assigned = a.source.loss_assignment(loc.path, loc.line)
+    # a tuple unpacked into the loss after that assignment is the later one (a loss module's
+    # forward that assigns its own `loss` is above the loop's `loss, stats = criterion(...)`)
+    unpacked = _unpacking_assignment(a, loc)
     statement = None
-    if assigned is not None:
+    if unpacked is not None and (assigned is None or unpacked.lineno > assigned[0]):
+        statement = unpacked
+    elif assigned is not None:
         try:
             statement = ast.parse(assigned[1].strip()).body[0]
         except (SyntaxError, IndexError):
             return False
-    else:
-        statement = _unpacking_assignment(a, loc)
     if statement is None:
         return False
     value = getattr(statement, "value", None)
