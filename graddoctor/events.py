@@ -463,6 +463,13 @@ ignored_mask       ignore_index, shape (the target's), ignored (its pixels at ig
                    is 1 at exactly the pixels a cross-entropy of the same loss ignores, in the
                    graph of one of the first 3 backwards; once per target shape (loc: the
                    backward's line; an aside; instrument/ignoredmask.py)
+overlap_scores     shape (the mask's), producer (linear | matmul | convolution | sum | difference |
+                   layer norm | batch norm: the layer whose signed output the scores are, through
+                   views and indexing) — a division whose numerator multiplies those scores by
+                   a 0/1 mask without graph and whose denominator reads the same scores (a soft
+                   dice, IoU or Tversky ratio on no probabilities), in the graph of one of the
+                   first 3 backwards; once per shape (loc: the backward's line; an aside;
+                   instrument/overlapscores.py)
 padding_kept       op (mul: a product with the mask | masked_fill: the mask filled), fill (the pad
                    id), rows, shape (the token batch's), kept (the share of its positions the
                    mask keeps) — a 0/1 mask without graph, multiplied into (or filled into) the
@@ -516,6 +523,13 @@ class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    up by each sample's label and multiplied into an unreduced cross_entropy by
                    the script (``w[y] * ce``; loc: the backward; instrument/handweights.py),
                    once — once per function (loc: the loss call)
+weighted_class_absent fn (cross_entropy | nll_loss), cls (the class singled out), weight (its
+                   weight), others (the one weight every other class has), targets (counted over
+                   the first calls), top, top_share (the most frequent target class and its
+                   share) — a loss's class weights that put one class below all the others (a
+                   no-object or background class's down-weighting) while none of the targets
+                   counted is that class; once per function (loc: the loss call;
+                   instrument/loss_inputs.py)
 uniform_weight     fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits |
                    binary_cross_entropy), value (float: every entry of the weight), numel (int:
                    the weight's entries), classes (int: the loss's classes or outputs), positives
@@ -1499,7 +1513,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1885,6 +1899,16 @@ def ignored_mask(*, ignore_index: int, shape: list[int], ignored: int, pixels: i
 
 def padding_kept(*, op: str, fill: int, rows: int, shape: list[int], kept: float) -> Made:
     return "padding_kept", {"op": op, "fill": fill, "rows": rows, "shape": shape, "kept": kept}
+
+
+def overlap_scores(*, shape: list[int], producer: str) -> Made:
+    return "overlap_scores", {"shape": shape, "producer": producer}
+
+
+def weighted_class_absent(*, fn: str, cls: int, weight: float, others: float, targets: int,
+                          top: int, top_share: float) -> Made:
+    return "weighted_class_absent", {"fn": fn, "cls": cls, "weight": weight, "others": others,
+                                     "targets": targets, "top": top, "top_share": top_share}
 
 
 def easy_weighted(*, fn: str, shape: list[int], rho: float, groups: int, elements: int) -> Made:
@@ -2740,7 +2764,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "weighted_class_absent": weighted_class_absent, "overlap_scores": overlap_scores, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2785,7 +2809,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "overlap_scores", "weighted_class_absent", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

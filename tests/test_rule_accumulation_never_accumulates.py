@@ -153,3 +153,22 @@ def test_accelerate_without_the_accumulation_setting_keeps_the_info(tmp_path):
                    OUTSIDE.replace("gradient_accumulation_steps=4", "gradient_accumulation_steps=2")):
         (f,) = _accelerate_run(tmp_path, script)
         assert f.severity is Severity.INFO and "cause" not in f.evidence
+
+
+def test_a_loss_module_returning_its_halved_total_with_logged_terms_reads_as_a_weight():
+    import ast
+
+    from graddoctor.rules.accumulation_never_accumulates import _literal_weighted, _unpacked
+
+    unpack = ast.parse("loss, det, ident = criterion(a, b)").body[0]
+    halved = ast.parse("return 0.5 * total, det, ident").body[0].value
+    assert _literal_weighted(_unpacked(unpack, halved, "    loss.backward()\n"), 0.5)
+    # the name backpropagated is the second element: its value is no weighted expression
+    second = _unpacked(unpack, halved, "det.backward()")
+    assert not _literal_weighted(second, 0.5)
+    divided = ast.parse("return total / self.accum_steps, det, ident").body[0].value
+    assert not _literal_weighted(_unpacked(unpack, divided, "loss.backward()"), 0.5)
+    assert _unpacked(unpack, ast.parse("return 0.5 * total, det").body[0].value,
+                     "loss.backward()") is None  # lengths differ: nothing is claimed
+    plain = ast.parse("loss = criterion(a, b)").body[0]
+    assert _unpacked(plain, halved, "loss.backward()") is halved

@@ -186,3 +186,16 @@ def test_a_lambda_lr_given_a_function_of_the_script_points_at_its_return(tmp_pat
     assert _lambda_return(a, Location(str(script), 3)) == 2
     assert _lambda_return(a, Location(str(script), 4)) is None      # inline: on the construction
     assert _lambda_return(a, Location(str(script), 5)) == 2
+
+
+def test_a_decay_that_overtook_its_warm_up_is_projected_from_its_highest_lr():
+    # base * min(1, (s + 1) / 10) * 0.5 ** s: the lr never reaches the base, and falls from step 2 on
+    lrs = [0.1 * min(1.0, (s + 1) / 10) * 0.5 ** s for s in range(10)]
+    found = _found(_run(lrs, sched=False, manual_line=9))
+    assert len(found) == 1 and found[0].evidence["observed"] is False
+    assert found[0].evidence["start"] == pytest.approx(0.01)
+    # a warm-up into a slow decay, and a fast decay held at a floor by the last steps: silent
+    slow = [0.1 * min(1.0, (s + 1) / 4) * 0.5 ** (s / 2000) for s in range(10)]
+    floored = [max(2e-4, 0.1 * min(1.0, (s + 1) / 4) * 0.4 ** s) for s in range(10)]
+    assert _found(_run(slow, sched=False, manual_line=9)) == []
+    assert _found(_run(floored, sched=False, manual_line=9)) == []

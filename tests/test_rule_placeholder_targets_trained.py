@@ -178,3 +178,20 @@ def test_the_padded_event_reads_as_a_warning_at_the_loss_call():
     f = only(t, SLUG)
     assert f.severity == Severity.WARNING and f.location.line == 12
     assert "padded batch of sequences" in f.message and "pred[mask]" in f.fix
+
+
+def test_reads_target_tells_an_autoencoder_from_a_slice_of_the_same_tensor():
+    from graddoctor.instrument.placeholders import is_colour, reads_target
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 3, 3, padding=1)
+    images = (torch.rand(4, 3, 8, 8) > 0.6).float() * (0.3 + torch.rand(4, 3, 8, 8))
+    assert is_colour(images)
+    assert reads_target(conv(images), images)
+    # an image and its depth sliced from one tensor share memory but not values
+    stacked = torch.rand(4, 4, 8, 8)
+    rgb, depth = stacked[:, :3], stacked[:, 3:]
+    assert not reads_target(nn.Conv2d(3, 1, 3, padding=1)(rgb), depth)
+    assert not is_colour(depth)
+    flat = nn.Linear(192, 192)
+    assert reads_target(flat(images.flatten(1)).view_as(images), images)

@@ -93,6 +93,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "masks/bad_attention_prefers_distant_keys_bloom_bias.py",  # distance_bias
             "dependency/bad_prefix_sum_off_positions_gated_decay.py",  # cumulative_axis
             "losses/bad_hard_samples_pushed_up_sigmoid_focal_anchors.py",  # easy_weighted
+            "losses/bad_overlap_on_raw_scores_unet_dice.py",  # overlap_scores
+            "losses/bad_down_weighted_class_never_targeted_new_track.py",  # weighted_class_absent
             "dense/bad_loss_on_ignored_pixels_soft_iou.py",  # ignored_mask
             "masks/bad_mask_keeps_padding_token_loss.py",  # padding_kept
             "dense/bad_cells_read_transposed_centernet.py",  # cells_transposed

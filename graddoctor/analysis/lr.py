@@ -353,6 +353,7 @@ def per_micro_batch(a: "Analysis", s: Schedule) -> MicroBatchStepping | None:
 
 COLLAPSED = 1e-4  # the lr applied below this share of its start: the updates no longer move
 STEEP = 1e-2  # fallen this far at a steady rate: below COLLAPSED within as many steps again
+OVERTAKEN = 0.1  # a decay that overtook its warm-up: fallen this far from its highest point
 GOES_ON = frozenset({"step-limit", "timeout"})  # graddoctor stopped a script that went on stepping
 # schedulers that set the lr from their own arguments or by a metric, or restart it
 # (a cosine climbs back after its minimum: scheduler-period-mismatch judges its period)
@@ -400,9 +401,17 @@ def collapses(a: "Analysis") -> list[Collapse]:
             out.append(Collapse(opt, g, start, last.lr, updates, w, True, None))
             continue
         # steep but not yet collapsed: a steady rate from an undecayed start projects it
-        if first.lr < start * (1 - 1e-6) or last.lr <= 0 or \
-                (w.scheduled and w.cls not in _UNFLOORED):
+        if last.lr <= 0 or (w.scheduled and w.cls not in _UNFLOORED):
             continue
+        if first.lr < start * (1 - 1e-6):
+            # a warm-up the decay overtook (`base * min(1, s / warmup) * 0.5 ** s`): the lr
+            # never reached its start; the steady fall from its highest point is the rate, when
+            # it has fallen OVERTAKEN times within the replay already
+            top = max(range(len(points)), key=lambda i: points[i].lr if points[i].lr is not None else -1.0)
+            if points[top].lr is None or last.lr > OVERTAKEN * points[top].lr or len(points) < 2 \
+                    or points[-2].lr is None or last.lr >= points[-2].lr * (1 - 1e-9):
+                continue  # not fallen that far, or held at a floor by the last steps
+            first, points, start = points[top], points[top:], points[top].lr
         if any(p.lr is None or q.lr is None or q.lr > p.lr * (1 + 1e-9)
                for p, q in zip(points, points[1:])):
             continue  # it rose again somewhere: no steady fall

@@ -121,6 +121,7 @@ from .channelpool import ChannelPoolWatcher
 from .normsign import NormaliserSignWatcher
 from .distancebias import DistanceBiasWatcher
 from .easyweight import EasyWeightWatcher
+from .overlapscores import OverlapScoresWatcher
 from .handweights import HandWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
 from .padmask import PaddingMaskWatcher
@@ -557,6 +558,11 @@ class Instrumentation:
         easy = EasyWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, easy.describe_loss)
         self.watchers.append(easy)
+        # a soft dice/IoU ratio over scores that go below 0 (overlap-on-raw-scores): the graph
+        # of the first backwards walked, no wrapper
+        overlap = OverlapScoresWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, overlap.describe_loss)
+        self.watchers.append(overlap)
         # a per-class table looked up by the labels and multiplied into a per-sample
         # cross-entropy, growing with the classes' frequency (class-weights-inverted, by hand):
         # the graph of the first backwards walked, no wrapper

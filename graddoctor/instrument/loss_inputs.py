@@ -249,6 +249,7 @@ _UNIFORM_WEIGHTED = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_log
 _UNIFORM_CALLS = 2  # calls whose weight is one value before it is told
 _WEIGHT_TARGETS = 64  # targets seen (summed over the first calls) before a weight is judged
 _WEIGHT_KEYS = 8  # weight tensors counted for, at most
+_ABSENT_TARGETS = 256  # targets counted before a down-weighted class's absence is judged
 _WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smallest
 _FREQUENCY_SPREAD = 3.0  # the most frequent class at least this multiple of the rarest seen
 
@@ -288,6 +289,29 @@ def infer_fill(tokens) -> int | None:
                 continue  # a word like any other (a small vocabulary), not a filler
             return fill
     return None
+
+
+def weighted_class_absent(counts, weights) -> dict | None:
+    """A class weight that singles one class out below all the others (a no-object or background
+    class's ``eos_coef``, every other class at one shared weight) while none of the targets
+    counted is that class: the targets fill their empty entries with another class. None
+    otherwise. Returns the class, its weight, the others' weight, the targets counted, and the
+    most frequent class with its share."""
+    w = weights.reshape(-1).double()
+    if w.numel() < 2 or counts.numel() != w.numel():
+        return None
+    others = torch.ones(w.numel(), dtype=torch.bool)
+    low = int(w.argmin())
+    others[low] = False
+    rest = w[others]
+    if not bool((rest == rest[0]).all()) or not float(w[low]) < float(rest[0]) or float(w[low]) < 0:
+        return None
+    if float(counts[low]) > 0:
+        return None
+    total = float(counts.sum())
+    top = int(counts.argmax())
+    return {"cls": low, "weight": round(float(w[low]), 6), "others": round(float(rest[0]), 6),
+            "targets": int(total), "top": top, "top_share": round(float(counts[top]) / total, 4)}
 
 
 def _inverted_weights(fn: str, counts, weights) -> dict | None:
@@ -365,6 +389,7 @@ class LossInputWatcher:
         self._last_ids = None  # the latest 2-D token batch embedded (first loss calls only)
         self._class_counts: dict[tuple, object] = {}  # (fn, weight's data_ptr, numel) -> targets per class
         self._weights_told: set[str] = set()
+        self._absent_told: set[str] = set()
         self._uniform_done: set[str] = set()  # functions whose weight was judged (or not uniform)
         self._uniform_seen: dict[str, list] = {}  # fn -> [calls, value, positives, targets]
         self._ordinal_done = False  # the ordinal-levels check answered (or never applies)
@@ -578,6 +603,12 @@ class LossInputWatcher:
             counts = counts.cpu() if seen is None else seen + counts.cpu()
             self._class_counts[key] = counts
         total = float(counts.sum())
+        if total >= _ABSENT_TARGETS and fn != "binary_cross_entropy_with_logits" \
+                and fn not in self._absent_told:
+            absent = weighted_class_absent(counts, weights.cpu())
+            if absent is not None:
+                self._absent_told.add(fn)
+                self.rec.emit_aside(ev.weighted_class_absent(fn=fn, **absent), self.rec.here())
         if total < _WEIGHT_TARGETS or fn in self._weights_told:
             return
         found = _inverted_weights(fn, counts, weights.cpu())

@@ -37,6 +37,15 @@ CPU float tensor without gradient (a device's only before the first step: no hos
 
 One ``placeholder_targets`` aside event per call line (loc: the loss call).
 
+A colour image the prediction was computed from is left out: an autoencoder (a slot-attention or
+VAE reconstruction of images of objects on a black background) reconstructs its own input,
+whose zeros are black pixels like the others' colours. A one- or two-channel map the model reads
+and is trained to give back (a sparse depth map as both input and target) is still told: its
+zeros are missing returns the model learns to repeat. Told by the prediction's graph (``_READS``
+nodes, breadth first): a layer's saved input (a convolution's ``input``, a matrix product's
+``mat1``/``self``) that is the target's values in its memory, through views only (two
+slices of one dataset tensor, an image and its depth, are different memory).
+
 A loss written by hand reads the same canvas through a log (the scale-invariant depth loss,
 ``torch.log(pred) - torch.log(gt)``): ``torch.log`` and ``Tensor.log`` are wrapped until
 ``_LOG_CALLS`` calls on a tensor without gradient have been judged or ``WINDOW`` backwards have
@@ -51,6 +60,7 @@ from threading import get_ident
 import torch
 
 from .. import events as ev
+from .graphpaths import nodes_below, saved
 from .inlinable import watched
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
@@ -69,6 +79,8 @@ _MIN_PADDED = 2  # rows of a padded batch that end in padding, at least
 _PAD_SHARE = 0.05  # share of a padded batch's frames that are padding, at least
 _LOG_CALLS = 16  # log calls on a tensor without gradient judged, at most
 WINDOW = 3  # backwards after which the log wrappers are put back
+_READS = 4096  # graph nodes of the prediction searched for the target read as an input, at most
+_SAVED_INPUTS = ("_saved_input", "_saved_mat1", "_saved_self")
 
 
 def _reduction(fn: str, kwargs, args) -> str:
@@ -165,6 +177,32 @@ def judge_padding(input: torch.Tensor, target: torch.Tensor) -> dict | None:
     return None
 
 
+def is_colour(target: torch.Tensor) -> bool:
+    """A batch of colour images: 3 or 4 channels on axis 1 (N, C, H, W) or last (N, H, W, C)."""
+    return target.dim() == 4 and (target.shape[1] in (3, 4) or target.shape[-1] in (3, 4))
+
+
+def reads_target(input: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether a layer below ``input`` (the prediction) read the memory ``target`` lies in: the
+    target is what the model was given (a reconstruction), not a canvas filled in for it."""
+    root = input.grad_fn
+    if root is None:
+        return False
+    where, size = target.data_ptr(), target.numel()
+    nodes, _ = nodes_below([root], _READS)
+    for node in nodes:
+        name = type(node).__name__
+        if not (name.startswith("Convolution") or name.startswith("Addmm")
+                or name.startswith("Mm") or name.startswith("Bmm")):
+            continue
+        for attr in _SAVED_INPUTS:
+            value = saved(node, attr)
+            if isinstance(value, torch.Tensor):
+                if value.data_ptr() == where and value.numel() == size:
+                    return True  # the same values, through views (a flatten) or none
+    return False
+
+
 class PlaceholderTargetWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -188,7 +226,8 @@ class PlaceholderTargetWatcher:
             found = judge_targets(target)
             if found is None:
                 found = judge_padding(input, target)
-            if found is None:
+            if found is None or (found["how"] == "sparse" and is_colour(target)
+                                 and reads_target(input, target)):
                 return
             loc = self.rec.here()
             if loc in self._told:

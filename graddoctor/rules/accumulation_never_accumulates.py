@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import replace
 
 from ..analysis.source import shared_if
@@ -37,7 +38,9 @@ class AccumulationNeverAccumulates(Rule):
     variable) looks exactly the same in the trace. It is left out entirely when the loss is
     assigned as a number written out times the loss (`g_loss = 0.5 * F.mse_loss(...)`: a
     weight, as LSGAN's and the VAE's; also returned so by a loss function of the script's own,
-    a Gaussian NLL's `return 0.5 * (...)`), as a quotient by a written-out 2 (`... .mean() / 2`:
+    a Gaussian NLL's `return 0.5 * (...)`, whole or as the element of a returned tuple that the
+    loop unpacks into the backpropagated name, FairMOT's `loss, det_loss, id_loss =
+    criterion(...)`), as a quotient by a written-out 2 (`... .mean() / 2`:
     Hadsell's contrastive loss, `||e||^2 / 2`) or as a sum with such a weighted term (`-reward -
     0.01 * entropy`, where only the weighted term carries a gradient), when the division is a mean
     (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
@@ -245,11 +248,18 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     if loc is None:
         return False
     assigned = a.source.loss_assignment(loc.path, loc.line)
-    if assigned is None:
-        return False
-    try:
-        statement = ast.parse(assigned[1].strip()).body[0]
-    except (SyntaxError, IndexError):
+    # a tuple unpacked into the loss after that assignment is the later one (a loss module's
+    # forward that assigns its own `loss` is above the loop's `loss, stats = criterion(...)`)
+    unpacked = _unpacking_assignment(a, loc)
+    statement = None
+    if unpacked is not None and (assigned is None or unpacked.lineno > assigned[0]):
+        statement = unpacked
+    elif assigned is not None:
+        try:
+            statement = ast.parse(assigned[1].strip()).body[0]
+        except (SyntaxError, IndexError):
+            return False
+    if statement is None:
         return False
     value = getattr(statement, "value", None)
     if _literal_weighted(value, factor) or _complementary_weights(value):
@@ -263,9 +273,45 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
         defined = _called_function(tree, value.func.id) if tree is not None else None
         returns = [n for n in ast.walk(defined) if isinstance(n, ast.Return)
                    and n.value is not None] if defined is not None else []
-        return len(returns) == 1 and (_literal_weighted(returns[0].value, factor)
-                                      or _complementary_weights(returns[0].value))
+        if len(returns) != 1:
+            return False
+        returned = _unpacked(statement, returns[0].value, a.source.line_text(loc.path, loc.line))
+        return returned is not None and (_literal_weighted(returned, factor)
+                                         or _complementary_weights(returned))
     return False
+
+
+def _unpacking_assignment(a, loc):
+    """The last statement above the backward's line that unpacks a call's tuple into the
+    backpropagated name (``loss, det, ident = criterion(...)`` before ``loss.backward()``)."""
+    match = re.search(r"(\w+)\s*\.\s*backward\s*\(", a.source.line_text(loc.path, loc.line))
+    tree = a.source.tree(loc.path)
+    if match is None or tree is None:
+        return None
+    name, best = match.group(1), None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and node.lineno < loc.line and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Call) \
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets[0].elts) \
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    return best
+
+
+def _unpacked(statement, returned, backward_text: str):
+    """The part of a loss function's return value the backpropagated name receives: the whole
+    value, or, for ``loss, det, ident = criterion(...)`` unpacking a returned tuple (a loss
+    module returning its total and the terms it logs), the element at the backpropagated
+    name's position."""
+    targets = getattr(statement, "targets", None) or []
+    if len(targets) != 1 or not isinstance(targets[0], ast.Tuple):
+        return returned
+    if not isinstance(returned, ast.Tuple) or len(returned.elts) != len(targets[0].elts):
+        return None
+    for target, value in zip(targets[0].elts, returned.elts):
+        if isinstance(target, ast.Name) and f"{target.id}.backward" in backward_text.replace(" ", ""):
+            return value
+    return None
 
 
 def _called_function(tree, name: str):

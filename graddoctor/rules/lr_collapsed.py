@@ -6,6 +6,7 @@ from ..analysis.lr import COLLAPSED, writer_location
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule, related
+from .lr_factor_compounded import LrFactorCompounded
 from .schedule_factor_is_lr import ScheduleFactorIsLr
 
 # what to change, by the scheduler that wrote the collapsed lr
@@ -72,7 +73,9 @@ class LrCollapsed(Rule):
     same rate and reported with the update by which it crosses 1e-4. It points at the
     scheduler's construction (for a `LambdaLR` given a function the script defines, at that
     function's one `return`: the decay is written there), or at the line that writes the lr by
-    hand; when the scheduler is
+    hand (at the line computing the value when the write copies a name, `g["lr"] = lr`; a
+    decay that overtook its warm-up, `base * min(1, (s + 1) / warmup) * 0.5 ** s`, is projected
+    from its highest lr when it has fallen 10x from there); when the scheduler is
     stepped from two lines (once per epoch, as its schedule counts, and once more per batch),
     at the line that steps it most often: the extra per-batch `step()`.
 
@@ -123,14 +126,16 @@ class LrCollapsed(Rule):
         found = a.lr_collapses
         if not found:
             return
-        told = {(f.location.path, f.location.line) for f in ScheduleFactorIsLr().check(a) if f.location}
+        told = {(f.location.path, f.location.line)
+                for rule in (ScheduleFactorIsLr(), LrFactorCompounded())
+                for f in rule.check(a) if f.location}
         seen = set()
         for c in found:
             w = c.writer
             loc, step_call = writer_location(a, w, c.opt)
             key = (c.opt, w.sched if w.scheduled else None)
             if key in seen or (loc is not None and (loc.path, loc.line) in told):
-                continue  # one finding per writer; schedule-factor-is-lr says why it collapses
+                continue  # one finding per writer; schedule-factor-is-lr or lr-factor-compounded says why it collapses
             seen.add(key)
             extra = _extra_step(a, w) if w.scheduled else None
             if extra is not None:
@@ -175,6 +180,10 @@ class LrCollapsed(Rule):
         fix = _FIXES.get(w.cls, _DEFAULT_FIX) if w.scheduled else _MANUAL_FIX
         rel = (related(step_call, "its step() call"),)
         factor = _lambda_return(a, loc) if w.scheduled and w.cls == "LambdaLR" and loc is not None else None
+        computed = _written_value_line(a, loc) if w.by_hand and loc is not None else None
+        if computed is not None:  # `g["lr"] = lr`: the schedule is the line computing `lr`
+            rel = (Related(loc, "the lr written into the param group here"), *rel)
+            loc = Location(loc.path, computed)
         if factor is not None:  # the decay is the script's function: the line to change
             rel = (Related(loc, "the scheduler, built here"), *rel)
             loc = Location(loc.path, factor)
@@ -206,3 +215,28 @@ def _lambda_return(a, built) -> int | None:
         return None
     returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
     return returns[0].lineno if len(returns) == 1 else None
+
+
+def _written_value_line(a, write) -> int | None:
+    """For a hand-written lr write ``group["lr"] = name`` at ``write``, the line of ``name``'s
+    last assignment above it in the same function (``lr = base_lr * decay ** step``): the
+    schedule is written there. None for a write that computes the lr itself (``group["lr"] *=
+    0.5``, ``group["lr"] = base * decay ** step``)."""
+    tree = a.source.tree(write.path)
+    if tree is None:
+        return None
+    writes = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == write.line
+              and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
+              and isinstance(n.value, ast.Name)]
+    if len(writes) != 1:
+        return None
+    name = writes[0].value.id
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and n.lineno <= write.line <= (n.end_lineno or n.lineno)]
+    scope = min(scopes, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if scopes else tree
+    inner = {id(d) for f in ast.walk(scope) if f is not scope
+             and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for d in ast.walk(f)}
+    assigned = [n.lineno for n in ast.walk(scope) if id(n) not in inner and isinstance(n, ast.Assign)
+                and n.lineno < write.line
+                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    return max(assigned) if assigned else None
