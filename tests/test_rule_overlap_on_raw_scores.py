@@ -71,3 +71,14 @@ def test_the_rule_reports_a_warning_at_the_backward_without_source():
     assert f.severity is Severity.WARNING and f.location.line == 12
     assert "matmul" in f.message and "sigmoid" in f.fix
     assert findings(builder(), SLUG) == []
+
+
+def test_a_bounded_activation_shifted_into_the_unit_range_is_no_raw_score():
+    import torch
+    from graddoctor.instrument.overlapscores import producer
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(3, 3, requires_grad=True)
+    assert producer((0.5 * torch.tanh(x @ w) + 0.5).grad_fn) is None
+    assert producer((torch.sigmoid(x) / 2 + 0.25).grad_fn) is None
+    assert producer((x @ w + x).grad_fn) == "sum"  # a raw sum stays one
+    assert producer((x @ w).grad_fn) == "matmul"

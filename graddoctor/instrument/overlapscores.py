@@ -77,6 +77,27 @@ _SIGNED = {"AddmmBackward0": "linear", "MmBackward0": "matmul", "BmmBackward0": 
            "NativeBatchNormBackward0": "batch norm"}
 
 
+_SQUASHES = ("SigmoidBackward", "TanhBackward", "SoftmaxBackward", "ReluBackward", "SoftplusBackward",
+             "ExpBackward", "ClampBackward", "ClampMinBackward", "HardtanhBackward", "AbsBackward")
+
+
+def _squashed_term(node, depth: int = 6) -> bool:
+    """Whether a term of a sum with a graph comes, through value-keeping nodes and products
+    or quotients with a constant, out of a bounded activation."""
+    stack = [(n, depth) for n, _ in node.next_functions if n is not None]
+    while stack:
+        cur, left = stack.pop()
+        name = type(cur).__name__
+        if name.startswith(_SQUASHES):
+            return True
+        if left <= 0 or not (name.startswith(_THROUGH) or name.startswith(("MulBackward", "DivBackward"))):
+            continue
+        parents = [n for n, _ in cur.next_functions if n is not None]
+        if len(parents) == 1:
+            stack.append((parents[0], left - 1))
+    return False
+
+
 def producer(node, depth: int = _DEPTH) -> str | None:
     """What made the scores ``node`` carries, through value-keeping nodes: "linear", "matmul",
     "convolution"... for a layer's signed output; None for anything else (a sigmoid, a softmax,
@@ -85,6 +106,8 @@ def producer(node, depth: int = _DEPTH) -> str | None:
         if node is None:
             return None
         name = type(node).__name__
+        if name in ("AddBackward0", "SubBackward0") and _squashed_term(node):
+            return None  # 0.5 * tanh(x) + 0.5: a bounded activation moved into [0, 1]
         if name in _SIGNED:
             return _SIGNED[name]
         if not name.startswith(_THROUGH):
