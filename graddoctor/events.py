@@ -544,7 +544,9 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the h
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
-                   loss line)
+                   loss line); or, with narrowed_from (the shape of the tensor the target is a
+                   view of), a target that expands against the input along dims that tensor
+                   has the input's sizes on (y[:, :1] of a y shaped like the prediction)
 factor_broadcast   op (mul | div), term_shape (the side with the gradient), factor_shape,
                    shape (their broadcast), factor_grad (the factor carries gradient too): a
                    product or quotient in the loss's pointwise top between per-sample
@@ -1012,8 +1014,10 @@ masked_fill_weight share (the mean weight a softmax over the last axis gives the
                    backwards, once per shape; with after (True, only when set) the masked_fill
                    is just above the softmax or log_softmax instead, taking padding positions
                    (each row's at one end, rows of different lengths) out of its result without
-                   a renormalisation, and share is the weight the normaliser gave them (loc: the
-                   backward; an aside; instrument/attnaxis.py)
+                   a renormalisation, and share is the weight the normaliser gave them; with
+                   multiplied (True, only when set) the scores were multiplied by a 0/1 tensor
+                   without gradient instead of filled (loc: the backward; an aside;
+                   instrument/attnaxis.py)
 stream_interleaved shape (the token batch's shape), axis (its time axis: the one along which the
                    loss's targets are the ids one step later), stride (how many tokens of the 1-D
                    stream the batch is a view of one step along that axis skips), stream (the
@@ -1818,9 +1822,12 @@ def uniform_weight(*, fn: str, value: float, numel: int, classes: int, positives
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
-                   reduction: str | None, grad: bool) -> Made:
-    return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
-                              "shape": shape, "reduction": reduction, "grad": grad}
+                   reduction: str | None, grad: bool, narrowed_from: list[int] | None = None) -> Made:
+    data = {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
+            "shape": shape, "reduction": reduction, "grad": grad}
+    if narrowed_from is not None:  # the target is a slice of a tensor of this shape
+        data["narrowed_from"] = narrowed_from
+    return "loss_broadcast", data
 
 
 def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int], shape: list[int],
@@ -2495,10 +2502,12 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
 
 
 def masked_fill_weight(*, share: float, masked: float, rows: int, shape: list[int],
-                       params: list[int], after: bool = False) -> Made:
+                       params: list[int], after: bool = False, multiplied: bool = False) -> Made:
     data = {"share": share, "masked": masked, "rows": rows, "shape": shape, "params": params}
     if after:
         data["after"] = True
+    if multiplied:  # the scores were multiplied by a 0/1 mask, not filled
+        data["multiplied"] = True
     return "masked_fill_weight", data
 
 
