@@ -69,6 +69,9 @@ NO_EDIT = {
     "bad_lightning_param_not_in_optimizer.py", "bad_learnable_scalar_left_out.py",
     "bad_optimizer_switch_drops_criterion_params.py", "bad_param_not_in_optimizer_head.py",
     "bad_param_not_in_optimizer_loss_param.py", "bad_param_not_in_optimizer_clamped_temperature.py",
+    # the trainable list built in its own statement and unfrozen later: add a param group at
+    # the unfreeze or build over every parameter, a person's call
+    "bad_param_not_in_optimizer_unfrozen_third_epoch.py",
     # an optimizer built over the model's copy: which expression names the model is a person's
     "bad_param_not_in_optimizer_ema_copy.py", "bad_param_not_in_optimizer_frozen_target_copy.py",
     # a loss scale written by hand clipped before its division: the GradScaler edit does not

@@ -26,8 +26,13 @@ def test_a_center_added_inside_a_softmax_is_found_through_a_name_and_a_temperatu
         "        return F.softmax((t + self.center) / temp, dim=-1)\n"            # 4
         "def g(t, centre, temp):\n"                                               # 5
         "    z = centre + t\n"                                                    # 6
-        "    return (z / temp).softmax(dim=-1)\n")                                # 7
+        "    return (z / temp).softmax(dim=-1)\n"                                 # 7
+        "def update(self, t, centre):\n"                                          # 8
+        "    self.center = self.center * 0.9 + 0.1 * t.mean(0)\n"                 # 9
+        "    centre.mul_(0.9).add_(0.1 * t.mean(0))\n")                           # 10
     assert _found(src) == [(4, "self.center"), (6, "centre")]
+    # a center never updated as a running value is a fixed prior
+    assert _found(src.split("def update")[0]) == []
 
 
 def test_subtracted_centers_other_sums_and_centers_outside_a_softmax_are_left_alone():
@@ -46,7 +51,8 @@ def test_the_finding_points_at_the_sum(tmp_path):
     script.write_text(
         "import torch.nn.functional as F\n"                                       # 1
         "q = F.softmax((t + center) / 0.04, dim=-1)\n"                            # 2
-        "loss.backward()\n")                                                      # 3
+        "loss.backward()\n"                                                       # 3
+        "center = 0.9 * center + 0.1 * t.mean(0)\n")                              # 4
     t = TraceBuilder(str(script))
     t.backward(line=3)
     found = list(find_rule(SLUG)().check(Analysis(t.trace)))

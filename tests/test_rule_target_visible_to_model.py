@@ -401,7 +401,7 @@ def test_a_stepwise_copy_is_told_at_the_targets_slice_without_a_recurrent_layer(
     t.put(ev.token_copy(positions=40, lookups=5, stepwise=True), 3)
     found = list(find_rule("target-visible-to-model")().check(Analysis(t.trace)))
     assert [f.location.line for f in found] == [2]
-    assert "start token" in found[0].message and "caps[:, 1:]" in found[0].fix
+    assert "the token it is fed at that step" in found[0].message and "seq[:, 1:]" in found[0].fix
 
 
 def test_a_causal_mask_is_told_from_an_inverted_or_shifted_one():

@@ -75,8 +75,10 @@ def test_a_copied_call_keeping_the_first_calls_part_is_found():
     src = ("x, v = X[idx], valid[idx]\n"
            "a = masked_mse(r, yr, v[:, 0:1])\n"
            "b = masked_mse(r2, yr2, v[:, 0:1])\n"
-           "m = valid[:, 1:]\n")
+           "c = masked_mse(r3, yr3, valid[:, 1:])\n")
     assert found(src) == [(3, 2, "v[:, 0:1]")]
+    # the other column only assigned, never given to a call: nothing says it was meant here
+    assert found(src.replace("c = masked_mse(r3, yr3, valid[:, 1:])", "m = valid[:, 1:]")) == []
     src = ("l1 = f(p1, y[:, 0], m[:, 0])\n"
            "l2 = f(p2, y[:, 1], m[:, 1])\n"
            "l3 = f(p3, y[:, 2], m[:, 1])\n")
@@ -95,7 +97,7 @@ def test_the_copied_call_is_a_warning_at_the_later_call(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("a = masked_mse(r, yr, v[:, 0:1])\n"
                       "b = masked_mse(r2, yr2, v[:, 0:1])\n"
-                      "c = v[:, 1:2]\n"
+                      "c = masked_mse(r3, yr3, v[:, 1:2])\n"
                       "loss.backward()\n")
     t = TraceBuilder(str(script))
     t.backward(line=4)

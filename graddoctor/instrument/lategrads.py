@@ -104,10 +104,11 @@ class LateGradWatcher:
     def hold(self) -> bool:
         """``BUDGET_HOLD``, asked as a step is counted past the budget (before its ``STEPPED``):
         the sweep an epoch's beginning asked for runs here when the budget would end the
-        replay at this step; a parameter numbered since the last sweep (by that sweep, or by
-        a clip over ``model.parameters()`` after an unfreeze) holds two more steps, so that a
-        backward records its gradient."""
+        replay at this step; at an epoch's first step, a parameter numbered since the last
+        sweep (by that sweep, or by a clip over ``model.parameters()`` after an unfreeze) holds
+        two more steps, so that a backward records its gradient."""
         seen = self._tensors_seen  # (the sweep below moves it past what it tracks)
+        began = self._epoch_pending  # only an epoch's first step is held for (where unfreezes are)
         if self._epoch_pending and not self._shared:
             self._epoch_pending = False
             try:
@@ -116,7 +117,7 @@ class LateGradWatcher:
                 self.rec.internal_error("late gradients: sweep", exc)
         rec = self.rec
         count = len(rec.tensors)
-        if count > seen:
+        if began and count > seen:
             # a parameter numbered since the last look (this sweep's, or a clip's over
             # model.parameters() after an unfreeze) has had no backward recorded yet
             is_parameter = rec.is_parameter
