@@ -232,3 +232,20 @@ def test_scores_multiplied_by_a_zero_one_mask_keep_weight():
     assert masked_fill_weight(torch.softmax(scores * (mask + 0.5), dim=-1).grad_fn) is None
     filled = masked_fill_weight(torch.softmax(scores.masked_fill(mask == 0, 0.0), dim=-1).grad_fn)
     assert filled is not None and filled[-1] == "masked_fill"
+
+
+def test_the_product_line_is_the_one_product_above_the_softmax(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.masked_fill_keeps_weight import product_line
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "train.py"
+    script.write_text("att = q @ k.t() / 8\n"            # 1
+                      "att = att * keep[:, None]\n"       # 2
+                      "att = att.softmax(-1)\n"            # 3
+                      "loss.backward()\n")                 # 4
+    t = TraceBuilder(str(script))
+    t.backward(line=4)
+    a = Analysis(t.trace)
+    assert product_line(a, str(script))[0] == 2
+    script.write_text("att = att * keep\natt = att * gate\natt = att.softmax(-1)\n")
+    assert product_line(Analysis(TraceBuilder(str(script)).trace), str(script)) is None

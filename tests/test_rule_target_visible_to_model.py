@@ -571,3 +571,14 @@ def test_a_padded_conv_cropped_from_its_start_is_the_leak_not_its_padding(tmp_pa
     f = only(_trace({"forward": [path, 10]}, path=path), SLUG)
     assert f.location.line == 12
     assert "[:, :, -l:]" in f.message and "keep the first L outputs" in f.fix
+
+
+def test_the_step_a_decoder_is_fed_is_found_through_an_assignment():
+    import ast as _ast
+    from graddoctor.rules.target_visible_to_model import _step_indexed_call
+    src = ("for t in range(1, T):\n"          # 1
+           "    inp = trg[t]\n"                # 2
+           "    out, h = dec(inp, h)\n"        # 3
+           "    outputs[t] = out\n")           # 4
+    assert _step_indexed_call(_ast.parse(src)) == 2
+    assert _step_indexed_call(_ast.parse(src.replace("dec(inp, h)", "dec(x0, h)"))) is None

@@ -47,18 +47,22 @@ def normaliser_line(a, path: str) -> tuple[int, str] | None:
 
 def product_line(a, path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's one product of something with a name that says mask
-    (``scores * src_mask``) on a line that also calls a softmax or in the five lines above one;
-    None when there is not exactly one."""
+    (``scores * src_mask``) on a line that also calls a softmax or in the five lines above one,
+    else of the one product of two non-constants there (``att * keep[:, None]``); None when
+    there is not exactly one."""
     tree = a.source.tree(path)
     if tree is None:
         return None
     softmaxes = [line for line, _, _ in a.source.calls_named(path, {"softmax", "Softmax"})]
-    found = set()
+    near, named = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
-                and any("mask" in ast.unparse(side).lower() for side in (node.left, node.right)) \
-                and any(0 <= s - node.lineno <= 5 for s in softmaxes):
-            found.add(node.lineno)
+                and any(0 <= s - node.lineno <= 5 for s in softmaxes) \
+                and not any(isinstance(side, ast.Constant) for side in (node.left, node.right)):
+            near.add(node.lineno)
+            if any("mask" in ast.unparse(side).lower() for side in (node.left, node.right)):
+                named.add(node.lineno)
+    found = named if len(named) == 1 else near  # a product named for a mask, else the only one
     if len(found) != 1:
         return None
     line = found.pop()

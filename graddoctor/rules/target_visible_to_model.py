@@ -890,8 +890,9 @@ def _decoder_fed_target(tree, backward_line: int) -> int | None:
 
 def _step_indexed_call(tree) -> int | None:
     """The line of the one call in a ``for t in ...`` loop of the script given ``x[t]`` (or
-    ``x[:, t]``) indexed by the loop's variable: where a decoder unrolled by hand reads its
-    step's token; None when there is not exactly one such line."""
+    ``x[:, t]``) indexed by the loop's variable, or of the one assignment ``inp = x[t]`` whose
+    name a call of the loop is given: where a decoder unrolled by hand reads its step's token;
+    None when there is not exactly one such line."""
     if tree is None:
         return None
     lines = set()
@@ -899,7 +900,16 @@ def _step_indexed_call(tree) -> int | None:
         if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)):
             continue
         var = loop.target.id
+        passed = {a.id for stmt in loop.body for call in ast.walk(stmt) if isinstance(call, ast.Call)
+                  for a in call.args if isinstance(a, ast.Name)}
         for stmt in loop.body:
+            # `inp = trg[t]` handed on to the decoder's call: the assignment feeds the step
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id in passed \
+                    and isinstance(stmt.value, ast.Subscript):
+                index = stmt.value.slice.elts if isinstance(stmt.value.slice, ast.Tuple) else [stmt.value.slice]
+                if any(isinstance(i, ast.Name) and i.id == var for i in index):
+                    lines.add(stmt.lineno)
             for call in ast.walk(stmt):
                 if not isinstance(call, ast.Call):
                     continue
