@@ -287,3 +287,20 @@ def test_the_reordering_statement_is_found_through_the_target_alone():
     assert target_reordered_at(ast.parse(src), 4, 3, "cross_entropy") == 2
     plain = src.replace("y.flip(0)", "y.long()")
     assert target_reordered_at(ast.parse(plain), 4, 3, "cross_entropy") == 4
+
+
+def test_the_statement_that_reordered_the_input_is_found():
+    import ast
+    from graddoctor.analysis.reorder import input_reordered_at
+    src = ("for x, y in loader:\n"                 # 1
+           "    if torch.rand(()) < 0.5:\n"         # 2
+           "        x = x.flip(0)\n"                # 3
+           "    x = x.float()\n"                    # 4
+           "    loss = criterion(model(x), y)\n")   # 5
+    # x's latest assignment (line 4) does not reorder: no line is claimed
+    assert input_reordered_at(ast.parse(src), 5) is None
+    src = src.replace("    x = x.float()\n", "    y = y.long()\n")
+    assert input_reordered_at(ast.parse(src), 5) == 3
+    inline = ("for x, y in loader:\n"
+              "    loss = criterion(model(x[torch.randperm(len(x))]), y)\n")
+    assert input_reordered_at(ast.parse(inline), 2) is None

@@ -393,3 +393,23 @@ def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | 
         if last is not None and _reorders(last.value):
             reordered.append(last.lineno)
     return max(reordered, default=call.lineno)
+
+
+def input_reordered_at(tree: ast.AST, model_line: int) -> int | None:
+    """The line of the statement that put the model's input in another order, for a model's
+    call at ``model_line`` whose rows the run found permuted against the loss's target: the
+    latest assignment, within a dozen lines before it, of a name a call on that line is given
+    whose value reorders (``x = x.flip(0)``, ``x = x[torch.randperm(len(x))]``); None when the
+    reordering is inline or not found."""
+    names = {arg.id for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == model_line
+             for arg in [*n.args, *(k.value for k in n.keywords)] if isinstance(arg, ast.Name)}
+    found = []
+    for name in names:
+        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and model_line - 12 <= n.lineno < model_line
+                and name in {t.id for target in n.targets for t in ast.walk(target)
+                             if isinstance(t, ast.Name)}]
+        last = max(made, key=lambda n: n.lineno, default=None)
+        if last is not None and _reorders(last.value):
+            found.append(last.lineno)
+    return max(found, default=None)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 
 from ..analysis.reorder import (collate_fields_apart, fields_reordered_apart, reordered_beside_kept,
-                                target_reordered_at)
+                                input_reordered_at, target_reordered_at)
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
@@ -16,7 +16,9 @@ class InputsPermutedWithoutLabels(Rule):
     keeps the loader's order (`x = x[torch.randperm(len(x))]`, the labels left as they are).
     Checked by value on the first turns (CPU tensors): the model's inputs are all the rows of one
     batch, permuted, and the target is one of that batch's tensors unpermuted, with nothing
-    between the model's output and the loss that reorders rows. It points at the model's call.
+    between the model's output and the loss that reorders rows. It points at the statement that
+    reordered the input (the latest assignment of a name the model's call is given, in the dozen
+    lines above it, whose value reorders rows), else at the model's call.
     The reverse is the same bug: the model given the batch's rows in the loader's order and the
     loss's target one of the batch's tensors with its rows in another order (`y[perm]`, `y.sort()`),
     told by its rows as a multiset, at least three distinct values (0/1 labels in another order are
@@ -82,12 +84,19 @@ class InputsPermutedWithoutLabels(Rule):
             if e["problem"] != "permuted":
                 continue
             epoch, index = e["input_batch"]
+            loc = e.loc
+            tree = a.source.tree(loc.path) if loc is not None else None
+            line = input_reordered_at(tree, loc.line) if tree is not None else None
+            given = "the model here is given"
+            if line is not None and line != loc.line:  # the statement that reordered the input
+                given = f"this puts the model's input (its call at line {loc.line}),"
+                loc = Location(loc.path, line)
             yield self.finding(
-                f"the model here is given the {e['rows']} rows of batch {index} of epoch {epoch} "
+                f"{given} the {e['rows']} rows of batch {index} of epoch {epoch} "
                 f"in another order, while the {e['fn']} loss's target, the batch's {e['field']}, "
                 f"keeps the loader's order: each output is scored against another sample's "
                 f"label, so the model trains on random labels",
-                e.loc, step=a.next_step_number(e.seq),
+                loc, step=a.next_step_number(e.seq),
                 evidence={"loss": e["fn"], "batch": [e["loader"], epoch, index],
                           "target_field": e["field"], "rows": e["rows"]})
         yield from self._from_source(a)
