@@ -101,3 +101,33 @@ def test_a_lambda_with_a_ceiling_in_its_text_is_capped(tmp_path):
         "h = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 20 if s < 20 else 1.0)\n")
     capped = {line: factor_capped(str(path), line, "LambdaLR") for line in range(8, 16)}
     assert capped == {8: True, 9: True, 10: True, 11: False, 12: False, 13: False, 14: True, 15: True}
+
+
+def test_a_decay_that_turns_into_a_climb_past_its_start_is_a_warning():
+    lrs = [0.01 * (1 - 0.005 * i) for i in range(4)] + [0.01 * (i + 1) / 4 for i in range(4, 14)]
+    f = _found(_run(lrs, cls="LambdaLR", start=0.01))
+    assert len(f) == 1 and f[0].severity is Severity.WARNING
+    assert "fell after the first step, then climbed" in f[0].message and f[0].evidence["turned"]
+    assert [x.message for x in _found(fold_hard(_run(lrs, cls="LambdaLR", start=0.01)))] == [f[0].message]
+
+
+@pytest.mark.parametrize("lrs", [
+    [0.01, 0.009, 0.008, 0.009, 0.01, 0.0195],  # back to under 2x its start
+    [0.01, 0.012, 0.011, 0.02, 0.03, 0.04],  # rose before it fell: a cycle, then a climb
+    [0.01, 0.009, 0.03, 0.02, 0.04, 0.05],  # fell twice: a cycle
+])
+def test_a_turn_that_is_a_cycle_or_stays_near_its_start_is_silent(lrs):
+    assert _found(_run(lrs, cls="LambdaLR", start=0.01)) == []
+
+
+def test_the_branch_of_a_lambda_def_is_found(tmp_path):
+    from graddoctor.analysis.source import factor_branch_line
+    script = tmp_path / "s.py"
+    script.write_text("def schedule(step):\n"                    # 1
+                      "    if step > warmup:\n"                  # 2
+                      "        return (step + 1) / warmup\n"      # 3
+                      "    return 1 - step / total\n"             # 4
+                      "sched = LambdaLR(opt, schedule)\n"         # 5
+                      "other = LambdaLR(opt, lambda s: s if s < 3 else 1)\n")  # 6
+    assert factor_branch_line(str(script), 5, "LambdaLR") == 2
+    assert factor_branch_line(str(script), 6, "LambdaLR") is None  # inline: the call's own line

@@ -482,6 +482,19 @@ class Growth:
     updates: int
     writer: LrWriter
     observed: bool  # RUNAWAY times above top; False: RISING times and still rising
+    turned: bool = False  # it fell from the first step, then climbed: a decay turned around
+
+
+def _rise_after_fall(points) -> bool:
+    """Whether the lrs fell from the first point to the second, held or fell on to a lowest
+    point, and rose at every point after it: a decay that turned into a climb (a warm-up
+    branch taken after the warm-up). Read over the kept points: a long run's folded steps keep
+    the first two and the last, and the shape holds over any subset of them."""
+    lrs = [p.lr for p in points]
+    if len(lrs) < 3 or any(v is None for v in lrs) or not lrs[1] < lrs[0]:
+        return False
+    turn = max(j for j in range(1, len(lrs)) if lrs[j] <= lrs[j - 1])
+    return turn < len(lrs) - 1 and all(q <= p for p, q in zip(lrs[:turn], lrs[1:turn + 1]))
 
 
 def growths(a: "Analysis") -> list[Growth]:
@@ -501,7 +514,13 @@ def growths(a: "Analysis") -> list[Growth]:
                                                        (w.scheduled and w.cls in _UNCAPPED)):
             continue
         if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
-            continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
+            # it held or fell somewhere: a warm-up that reached its peak, a cycle; but a decay
+            # from the first step that turned into a climb past every lr the script set has no
+            # reading but a schedule whose branches run in the wrong order
+            if not _rise_after_fall(points) or _range_test(a, w):
+                continue
+            out.append(Growth(opt, g, top, last.lr, updates, w, True, turned=True))
+            continue
         if w.scheduled and w.cls == "LambdaLR" and _factor_capped(a, w):
             continue  # a warm-up longer than the replay, to a peak its lambda caps
         if _range_test(a, w):

@@ -161,6 +161,9 @@ class ScriptSource:
     def factor_capped(self, path: str, line: int, function: str) -> bool:
         return factor_capped(self.full(path), line, function)
 
+    def factor_branch_line(self, path: str, line: int, function: str) -> int | None:
+        return factor_branch_line(self.full(path), line, function)
+
     def factor_straight(self, path: str, line: int, function: str) -> bool:
         return factor_straight(self.full(path), line, function)
 
@@ -2910,6 +2913,27 @@ def _factor_bodies(path: str, line: int, function: str) -> tuple[str, list[ast.A
             bodies += [d for d in walk(tree)
                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == node.id]
     return given, bodies
+
+
+
+def factor_branch_line(path: str, line: int, function: str) -> int | None:
+    """The line of the one branch (an ``if``, or ``... if ... else ...``) of the one ``lr_lambda``
+    ``def`` given to a ``function`` (``LambdaLR``) call on ``line`` that compares its step
+    (its first parameter) with something: where a warm-up and a decay are chosen. None for an
+    inline lambda, and when there is no such ``def``, or none or several such branches."""
+    found = _factor_bodies(path, line, function)
+    if found is None or len(found[1]) != 1:
+        return None
+    body = found[1][0]
+    if not isinstance(body, (ast.FunctionDef, ast.AsyncFunctionDef)) or not body.args.args:
+        return None  # an inline lambda: its branch is on the constructor's line
+    params = body.args.args
+    step = params[0].arg
+    branches = [n for n in ast.walk(body) if isinstance(n, (ast.If, ast.IfExp))
+                and any(isinstance(c, ast.Compare) and any(isinstance(m, ast.Name) and m.id == step
+                                                           for m in ast.walk(c))
+                        for c in ast.walk(n.test))]
+    return branches[0].lineno if len(branches) == 1 else None
 
 
 def _names_loss(node: ast.AST) -> bool:

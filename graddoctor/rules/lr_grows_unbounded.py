@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from ..analysis.lr import writer_location
 from ..findings import Severity
-from .base import Rule, related
+from ..trace import Location
+from .base import Related, Rule, related
 
 _FIXES = {
     "ExponentialLR": "give ExponentialLR a gamma below 1 (0.9, 0.99): above 1 it multiplies the lr "
@@ -25,6 +26,13 @@ class LrGrowsUnbounded(Rule):
     `MultiplicativeLR` with a factor above 1, a `LambdaLR`, the script's own `group["lr"]`
     writes), and graddoctor stopped the script at its step budget while it was still stepping.
     It points at the scheduler's construction or at the line that writes the lr by hand.
+    The same, as a warning, for an lr that fell after the first step (and held or fell on), then
+    rose at every step to 2× the largest lr the script set and was still rising when the replay
+    stopped: a decay that turns into a climb past its start is a schedule whose pieces run
+    in the wrong order (`if step > warmup:` where `<` was meant sends the steps after the
+    warm-up into the warm-up's `(step + 1) / warmup`). Whatever the lambda's text caps, the lr
+    the run recorded did not stop; it points at the comparison in the lambda's `def` that picks
+    the branch, when there is one.
 
     ## Why is this bad?
     `ExponentialLR(gamma=1.1)` (meant 0.9?), a `LambdaLR` warm-up without its `min(1, ...)`
@@ -72,7 +80,44 @@ class LrGrowsUnbounded(Rule):
                 continue
             seen.add(key)
             loc, step_call = writer_location(a, w, grow.opt)
+            if grow.turned:
+                yield self._turned(a, grow, loc, step_call)
+                continue
             yield self._finding(a, grow, loc, step_call)
+
+    def _turned(self, a, grow, loc, step_call):
+        """A decay from the first step that turned into a climb past every lr the script set."""
+        w = grow.writer
+        name = a.optimizer_name(grow.opt)
+        groups = len(a.lr_timeline.get(grow.opt, {}))
+        where = f"param group {grow.group} of {name}" if groups > 1 else name
+        by = f"its {w.cls}" if w.scheduled else "the script's own lr assignments"
+        built = loc
+        branch = (a.source.factor_branch_line(loc.path, loc.line, "LambdaLR")
+                  if w.scheduled and w.cls == "LambdaLR" and loc is not None else None)
+        if branch is not None:  # the comparison that picks the lambda's warm-up or its decay
+            loc = Location(loc.path, branch)
+        message = (f"the lr of {where}, set by {by}, fell after the first step, then climbed "
+                   f"to {grow.last:.3g} by the last of the {grow.updates} updates replayed, "
+                   f"{grow.last / grow.top:.3g}× the largest lr the script set ({grow.top:g}), and "
+                   f"was still rising: a decay that turns into a climb without a ceiling is a "
+                   f"schedule whose pieces run in the wrong order (a warm-up branch taken after "
+                   f"the warm-up)")
+        test = a.source.line_text(loc.path, branch).strip() if branch is not None else ""
+        shown = f" (`{test}`)" if test else ""
+        fix = (f"check the comparison that picks the lambda's branch{shown}: the warm-up must "
+               f"run while the step is below its length, the decay after it"
+               if w.scheduled and w.cls == "LambdaLR" else
+               "check the order of the schedule's pieces: a warm-up first, up to the lr you "
+               "chose, then a decay that never climbs back")
+        rel = [related(step_call, "its step() call")]
+        if branch is not None and built is not None:
+            rel.insert(0, Related(built, f"the {w.cls} given this lambda"))
+        return self.finding(
+            message, loc, fix=fix, related=tuple(rel),
+            evidence={"optimizer": grow.opt, "group": grow.group, "top": grow.top,
+                      "last": grow.last, "updates": grow.updates, "turned": True, "writer": w.cls if w.scheduled else "manual",
+                      "observed": True})
 
     def _finding(self, a, grow, loc, step_call):
         w = grow.writer
