@@ -56,3 +56,16 @@ def test_metric_direction_reads_the_names():
     assert metric_direction("val_acc") == "max" and metric_direction("valAccuracy") == "max"
     assert metric_direction("-val_loss") == "max" and metric_direction("neg_val") == "max"
     assert metric_direction("metrics['loss']") == "min" and metric_direction("x") is None
+
+
+def test_a_new_best_counted_as_no_progress_is_a_warning_before_any_cut(tmp_path):
+    t = run(tmp_path, "val_loss", "max", [1.0, 0.8], [0.1, 0.1])
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and "1 to 0.8, a new best" in f.message
+
+
+def test_a_metric_that_only_worsened_is_still_info(tmp_path):
+    # the loss rose: in mode="max" those were improvements to the scheduler; nothing cut yet
+    assert only(run(tmp_path, "val_loss", "max", [1.0, 1.1], [0.1, 0.1]), SLUG).severity is Severity.INFO
+    # a change within noise is no new best
+    assert only(run(tmp_path, "val_loss", "max", [1.0, 0.99999], [0.1, 0.1]), SLUG).severity is Severity.INFO

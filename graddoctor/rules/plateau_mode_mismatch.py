@@ -37,8 +37,10 @@ class PlateauModeMismatch(Rule):
     Finds a `ReduceLROnPlateau` whose `mode` disagrees with the metric it is fed: an accuracy,
     a score or a negated loss (higher is better) in `mode="min"` (the default), or a loss in
     `mode="max"`. Judged from what the metric did and when the learning rate fell: a cut while
-    the metric kept improving in the direction its name says is a warning; the name alone,
-    before the replay saw a cut, is `info`.
+    the metric kept improving in the direction its name says is a warning, and so is a step
+    that fed it a new best in that direction (the scheduler counted it as an epoch without
+    progress: the cut follows once its patience runs out); the name alone, with no improvement
+    seen, is `info`.
 
     ## Why is this bad?
     The scheduler counts every improvement as a step without progress: with accuracy in
@@ -91,7 +93,16 @@ class PlateauModeMismatch(Rule):
             better = "rises" if direction == "max" else "falls"
             init = s.init if s is not None else None
             where = init if init is not None and init.loc is not None else first
-            if cut is not None:
+            counted = _improvement_counted_as_none(steps, direction) if cut is None else None
+            if cut is None and counted is not None:
+                before, at = counted
+                message = (f"this ReduceLROnPlateau runs in mode=\"{mode}\" but is fed {shown}, "
+                           f"which improves as it {better}: when {shown} went from {before:.4g} "
+                           f"to {at:.4g}, a new best, the scheduler counted it as an epoch without "
+                           f"progress; once its patience runs out it cuts the lr, and every "
+                           f"further improvement cuts it again")
+                severity = None
+            elif cut is not None:
                 before, at, old_lr, new_lr = cut
                 message = (f"this ReduceLROnPlateau runs in mode=\"{mode}\" but is fed {shown}, "
                            f"which improves as it {better}: after {shown} went from {before:.4g} "
@@ -111,6 +122,25 @@ class PlateauModeMismatch(Rule):
                 fix=f"ReduceLROnPlateau(..., mode=\"{direction}\")",
                 evidence={"mode": mode, "metric": shown, "direction": direction,
                           "values": values[:8], "cut": cut is not None})
+
+
+def _improvement_counted_as_none(steps, direction):
+    """(the previous best, the value fed) of the first step whose metric reached a new best in
+    ``direction`` (the metric's name's) by a clear margin: with the mode the other way round,
+    the scheduler counted that step as one without progress. None when no step improved."""
+    best = None
+    for e in steps:
+        value = e.get("value")
+        if not isinstance(value, (int, float)):
+            continue
+        if best is not None:
+            margin = 1e-3 * max(abs(best), 1e-12)
+            if (value > best + margin) if direction == "max" else (value < best - margin):
+                return best, value
+            best = max(best, value) if direction == "max" else min(best, value)
+        else:
+            best = value
+    return None
 
 
 def _cut_while_improving(s, steps, direction):
