@@ -320,7 +320,9 @@ def _sliced(tmp_path, scheduler, epochs, per_batch="pass", per_epoch="scheduler.
 def test_a_hand_decay_in_updates_stepped_per_epoch_in_a_loop_without_loader(tmp_path):
     f = _one(_sliced(tmp_path, "torch.optim.lr_scheduler.LambdaLR(optimizer, "
                                "lambda e: 1 - e / (epochs * len(batches)))", epochs=12))
-    assert f.evidence["side"] == "still" and f.location.line == 11
+    # sized from len(batches): meant per batch, so the step() call is in the wrong loop
+    assert f.evidence["side"] == "still" and [r.location.line for r in f.related] == [11]
+    assert f.location.line != 11 and "inside the batch loop" in f.fix
     assert "one pass of the loop at line 12" in f.message and "DataLoader" not in f.message
     assert "falls to 0 after 240 steps" in f.message
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..analysis.lr import SPENT_SHARE, schedule_misfit
 from ..findings import Severity
 from .base import Rule, related
@@ -80,7 +82,9 @@ class ScheduleMisfitsRun(Rule):
       runs: from its end on the lr is 0, and every later epoch (one at least) applies no update;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
-      last epoch: the lr hardly moves;
+      last epoch: the lr hardly moves. When the construction sizes it from the loader's length
+      (`len(train_loader)`, `steps_per_epoch=`), it is meant per batch: the finding points at
+      the `step()` call, in the wrong loop, and names the construction beside it;
     * stepped once per optimizer step under gradient accumulation of k batches (a hand-written
       window, `accelerator.accumulate`, Lightning's `accumulate_grad_batches`, the Trainer's
       `gradient_accumulation_steps`) with a length that counts the run's batches
@@ -230,9 +234,16 @@ class ScheduleMisfitsRun(Rule):
         fix = _hand_loop_fix(fix, plan)
         stepper = a.schedulers.get(s.parent) if s.parent is not None else s
         first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        where, rel = s.init.loc, ((related(first, "its step() call"),) if first is not None else ())
+        if (m.side != "spent" and plan.unit == "epoch" and first is not None and first.loc is not None
+                and _sized_by_loader(a, s.init.loc)):
+            # the construction counts the loader's batches on purpose: the step() call is what
+            # sits in the wrong loop
+            where, rel = first.loc, (related(s.init, "the scheduler's construction, sized in batches"),)
+            fix = (f"step the scheduler after every optimizer.step(), inside the batch loop: its "
+                   f"{m.arg} counts batches")
         return self.finding(
-            message, s.init.loc, fix=fix,
-            related=(related(first, "its step() call"),) if first is not None else (),
+            message, where, fix=fix, related=rel,
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": m.left, "spent_share": SPENT_SHARE})
@@ -353,3 +364,25 @@ class ScheduleMisfitsRun(Rule):
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": "micro", "k": k,
                       "stepped": plan.unit, "planned_steps": plan.steps, "length": m.at,
                       "covered": round(covered, 4), "left": m.left})
+
+
+def _sized_by_loader(a, loc) -> bool:
+    """Whether the scheduler's construction at ``loc`` sizes it from a DataLoader's length
+    (``steps_per_epoch=len(train_loader)``, ``total_steps=epochs * len(loader)``): it is meant
+    to be stepped per batch."""
+    tree = a.source.tree(loc.path) if loc is not None else None
+    if tree is None:
+        return False
+    statement = next((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Expr, ast.AnnAssign))
+                      and n.lineno <= loc.line <= (n.end_lineno or n.lineno)), None)
+    if statement is None:
+        return False
+    for n in ast.walk(statement):
+        if isinstance(n, ast.keyword) and n.arg == "steps_per_epoch":
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len" and n.args:
+            arg = n.args[0]
+            name = arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else ""
+            if any(w in name.lower() for w in ("loader", "batches", "dl")):
+                return True
+    return False
