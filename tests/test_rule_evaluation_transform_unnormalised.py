@@ -49,6 +49,23 @@ def test_pipelines_that_agree_or_cannot_be_paired_are_left_alone():
     assert _found(src) == []
 
 
+def test_standardisation_written_as_methods_or_functions_counts():
+    # the centre subtracted and the scale divided through tensor methods or torch functions
+    for body in ("x.sub(MEAN).div(STD)", "x.sub_(MEAN).div_(STD)", "torch.div(torch.sub(x, MEAN), STD)",
+                 "(x - MEAN).div(STD)", "x.sub(self.mean) / self.std"):
+        src = ("def train_transform(x):\n    return (x - MEAN) / STD\n"
+               f"def eval_transform(x):\n    return {body}\n")
+        assert _found(src) == [], body
+        flipped = (f"def train_transform(x):\n    return {body}\n"
+                   "def eval_transform(x):\n    return x.float()\n")
+        assert _found(flipped) == [(4, "eval_transform", "train_transform")], body
+    # a division of an uncentred value, or a subtraction alone, is no standardisation
+    for body in ("x.div(STD)", "x.sub(MEAN)", "x.div(255.0)"):
+        src = ("def train_transform(x):\n    return (x - MEAN) / STD\n"
+               f"def eval_transform(x):\n    return {body}\n")
+        assert _found(src) == [(4, "eval_transform", "train_transform")], body
+
+
 def test_the_finding_points_at_the_evaluation_pipeline(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

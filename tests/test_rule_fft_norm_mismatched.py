@@ -32,6 +32,20 @@ def test_matched_pairs_one_sided_scopes_and_names_are_silent():
     assert _found("def f(x, n):\n    return torch.fft.irfft(torch.fft.rfft(x, norm=n))\n") == []
 
 
+def test_an_inverse_must_be_of_what_a_transform_produced():
+    # noise synthesised from a random spectrum beside a spectral loss: no inverse undoes a transform
+    unpaired = ("def f(x):\n    spec = torch.randn(4, 9, dtype=torch.cfloat)\n"
+                "    noise = torch.fft.irfft(spec, n=16)\n"
+                "    return torch.fft.rfft(x + noise, norm='ortho').abs()\n")
+    assert _found(unpaired) == []
+    # the spectrum reaches the inverse through an item write and a helper's result: a pair
+    through = ("def f(x, w):\n    x_ft = torch.fft.rfft2(x, norm='ortho')\n"
+               "    out_ft = torch.zeros_like(x_ft)\n"
+               "    out_ft[:, :, :4] = mul(x_ft[:, :, :4], w)\n"
+               "    return torch.fft.irfft2(out_ft, s=(8, 8))\n")
+    assert _found(through) == [(2, "ortho", 5, "backward")]
+
+
 def test_a_scope_mixing_norms_on_one_side_is_left_alone():
     src = ("def f(x):\n    a = torch.fft.rfft(x, norm='ortho')\n    b = torch.fft.rfft(x)\n"
            "    return torch.fft.irfft(a)\n")

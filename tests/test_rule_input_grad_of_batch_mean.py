@@ -37,3 +37,16 @@ def test_parameters_and_scale_free_uses_are_silent():
     assert _found("g = torch.autograd.grad(loss.mean(), params)\n") == []
     assert _found(FORCES + "x_adv = pos + 0.1 * f.sign()\n") == []
     assert _found(FORCES + "step = f / f.norm()\n") == []
+
+
+def test_a_derivative_multiplied_back_by_the_batch_size_is_silent():
+    grad = "torch.autograd.grad(e.mean(), pos, create_graph=True)[0]"
+    for scaled in (f"-{grad} * pos.shape[0]", f"pos.size(0) * -{grad}", f"-{grad} * len(pos)",
+                   f"-{grad} * n"):
+        src = FORCES.replace(f"-{grad}", scaled).replace("f = ", "n = pos.shape[0]\nf = ")
+        assert _found(src) == [], scaled
+    through_name = FORCES + "f = f * pos.shape[0]\n"
+    assert _found(through_name) == []
+    # multiplied by something else than the batch size: still the mean's derivative
+    assert _found(FORCES.replace(f"-{grad}", f"-{grad} * 2.0")) == [(3, "e", "pos")]
+    assert _found(FORCES.replace(f"-{grad}", f"-{grad} * pos.shape[1]")) == [(3, "e", "pos")]

@@ -50,6 +50,30 @@ def test_constant_decays_milestones_and_base_lr_schedules_are_left_alone():
     assert _found(src) == []
 
 
+def test_a_factor_of_the_group_index_is_a_per_group_scale():
+    # layer-wise lr decay set once: the loop over the groups visits each group once
+    setup = ("for depth, g in enumerate(opt.param_groups):\n"
+             "    g['lr'] *= decay ** (n_layers - 1 - depth)\n"
+             "for i in range(len(opt.param_groups)):\n"
+             "    opt.param_groups[i]['lr'] *= 0.5 ** i\n")
+    assert _found(setup) == []
+    # the same scale inside the training loop compounds per step, but by a constant per group
+    assert _found("for step in range(9):\n" + "".join("    " + l + "\n" for l in setup.splitlines())) == []
+    # a step factor multiplied into each group still compounds
+    warm = ("for step in range(9):\n    f = (step + 1) / 9\n"
+            "    for depth, g in enumerate(opt.param_groups):\n        g['lr'] *= f\n")
+    assert [line for line, *_ in _found(warm)] == [4]
+
+
+def test_a_ratio_of_consecutive_schedule_values_telescopes():
+    for ratio in ("sched(step) / sched(step - 1)", "sched(step + 1) / sched(step)"):
+        src = f"for step in range(1, 9):\n    f = {ratio}\n    for g in opt.param_groups:\n        g['lr'] *= f\n"
+        assert _found(src) == [], ratio
+    # a ratio of two different schedules is a factor of the step like any other
+    other = "for step in range(1, 9):\n    for g in opt.param_groups:\n        g['lr'] *= warm(step) / cos(step)\n"
+    assert [line for line, *_ in _found(other)] == [3]
+
+
 def test_the_finding_points_at_the_multiplication(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -43,6 +43,19 @@ def test_right_sampling_stays_silent():
     assert eval_mode_samples(ast.parse("model.eval()\nps = [model(x) for _ in range(9)]\n")) == []
 
 
+def test_a_training_flag_written_directly_switches_dropout_on():
+    # `m.training = True` is what `.train()` sets: the passes below sample
+    direct = "model.eval()\nfor m in model.modules():\n    m.training = True\nps = [model(x) for _ in range(9)]\n"
+    assert _found(direct) == []
+    helper = "def mc_on(m):\n    m.training = True\nmodel.eval()\nmodel.apply(mc_on)\nps = [model(x) for _ in range(9)]\n"
+    assert _found(helper) == []
+    # `.train(False)` and `training = False` are eval(): the passes are still copies
+    off = "model.eval()\nmodel.train(False)\nps = [model(x) for _ in range(9)]\n"
+    assert _found(off) == [(2, "model", 4)]
+    flag_off = "model.eval()\nfor m in model.modules():\n    m.training = False\nps = [model(x) for _ in range(9)]\n"
+    assert _found(flag_off) == [(2, "model", 5)]
+
+
 def test_the_finding_is_a_warning_at_the_eval(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(MODEL + "loss.backward()\nmodel.eval()\nps = [model(x) for _ in range(9)]\n")

@@ -27,6 +27,15 @@ def test_correct_sums_are_silent():
     assert _hits("y = a * x + b * noise") == 0
 
 
+def test_a_sum_with_a_negated_term_is_no_forward_step():
+    # v-prediction's target written as a sum: the minus on the clean sample's coefficient
+    assert _hits("v = -sigma_t * x0 + alpha_t * noise") == 0
+    assert _hits("v = alpha_t * noise + sigma_t * (-x0)") == 0
+    assert _hits("v = sqrt_alphas_cumprod[t] * eps + -1.0 * sqrt_one_minus_alphas_cumprod[t] * x0") == 0
+    # the swapped step itself is still found
+    assert _hits("x_t = sigma_t * x0 + alpha_t * noise") == 1
+
+
 def _velocity_hits(code: str) -> int:
     from graddoctor.rules.noise_schedule_swapped import swapped_velocity_targets
     return len(swapped_velocity_targets(ast.parse(code)))

@@ -63,6 +63,16 @@ def test_straight_through_losses_no_grad_and_gathers_are_left_alone():
     assert _lines(src) == []
 
 
+def test_a_straight_through_sum_beside_other_terms_counts():
+    lookup = "def a(z, book):\n    idx = torch.cdist(z, book.weight).argmin(1)\n    q = book(idx)\n"
+    for st in ("    zq = q.detach()\n    zq = zq + z - z.detach()\n",
+               "    zq = q.detach()\n    zq = z - z.detach() + zq\n",
+               "    zq = q.detach()\n    zq = -z.detach() + zq + z\n"):
+        assert _lines(lookup + st + "    return dec(zq)\n") == [], st
+    # a detached term taken away from another value adds no gradient path
+    assert _lines(lookup + "    zq = q.detach()\n    zq = zq + x - z.detach()\n    return dec(zq)\n") == [4]
+
+
 def test_the_finding_names_the_straight_through_fix(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -29,3 +29,15 @@ def test_applied_logged_constant_and_private_are_silent():
     assert _names("def f(e, s):\n    _scale = s * 2\n    return e") == []
     assert _names("def f(e, s):\n    acc = s * 2\n    return e") == []  # no coefficient's name
     assert _names("def f(e, s):\n    weight = s * 2\n    print(weight)") == []  # no return, no backward
+
+
+def test_an_inverse_sqrt_scale_beside_default_scaled_attention():
+    sdpa = "    return F.scaled_dot_product_attention(q, k, v{})\n"
+    for value in ("q.size(-1) ** -0.5", "1 / math.sqrt(d)", "1.0 / d ** 0.5", "torch.rsqrt(d)"):
+        src = f"def f(q, k, v, d):\n    scale = {value}\n" + sdpa.format("")
+        assert _names(src) == [], value  # the kernel divides by sqrt(d) itself
+    # a scale of another value, or one the call overrides, is still left unapplied
+    assert _names("def f(q, k, v, d):\n    scale = 1 / d\n" + sdpa.format("")) == ["scale"]
+    assert _names("def f(q, k, v, d):\n    scale = d ** -0.5\n" + sdpa.format(", scale=1.0")) == ["scale"]
+    # without the kernel the scale is missing from the scores
+    assert _names("def f(q, k, v, d):\n    scale = d ** -0.5\n    return (q @ k).softmax(-1) @ v\n") == ["scale"]

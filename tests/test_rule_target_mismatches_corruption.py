@@ -26,6 +26,9 @@ def test_each_spelling_of_a_straight_path():
     assert interpolation(_value("a + t * (b - a)")) == ("a", "b", "t")
     assert interpolation(_value("torch.lerp(a, b, t)")) == ("a", "b", "t")
     assert interpolation(_value("a.lerp(b, t[:, None])")) == ("a", "b", "t[:,None]")
+    # a weight of 1 - t runs the lerp from its end to its start
+    assert interpolation(_value("torch.lerp(b, a, 1 - t)")) == ("a", "b", "t")
+    assert interpolation(_value("b.lerp(a, 1.0 - t)")) == ("a", "b", "t")
     assert interpolation(_value("(1 - t) * a - t * b")) is None
     assert interpolation(_value("alpha * a + beta * b")) is None
 
@@ -51,6 +54,10 @@ def test_consistent_conventions_and_samplers_against_the_output_are_left_alone()
         "    gap = x0 - x1\n"
         "    print(gap.norm())\n")
     assert reversed_velocities(ast.parse(src)) == []
+    swapped_lerp = ("xt = torch.lerp(x1, x0, 1 - t)\n"
+                    "loss = F.mse_loss(model(xt, t), x1 - x0)\n")
+    assert reversed_velocities(ast.parse(swapped_lerp)) == []
+    assert [s["line"] for s in reversed_velocities(ast.parse(swapped_lerp.replace("x1 - x0", "x0 - x1")))] == [2]
     sampler = (
         "xt = (1 - t) * x0 + t * x1\n"
         "loss = F.mse_loss(model(xt, t), x0 - x1)\n"

@@ -27,7 +27,8 @@ def _definitions(tree: ast.AST) -> dict[str, ast.AST]:
 def _normalises(node: ast.AST, defs: dict | None = None, depth: int = 0) -> bool:
     """Whether ``node`` standardises: a ``Normalize(...)`` (torchvision, albumentations,
     kornia), ``F.normalize(img, mean, std)``, or ``(x - mean) / std`` with the centre and the
-    scale named (or attributes); or a name of the module (``defs``) that does (a helper
+    scale named (or attributes), also as methods or functions (``x.sub(mean).div(std)``,
+    ``torch.div(torch.sub(x, mean), std)``); or a name of the module (``defs``) that does (a helper
     ``normalize(img)`` the pipeline calls, ``norm = T.Normalize(MEAN, STD)`` in its list)."""
     for sub in ast.walk(node):
         if defs and depth < 2 and isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) \
@@ -39,12 +40,31 @@ def _normalises(node: ast.AST, defs: dict | None = None, depth: int = 0) -> bool
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if name == "Normalize" or name == "normalize" and len(sub.args) + len(sub.keywords) >= 3:
                 return True
-        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) and isinstance(sub.left, ast.BinOp) \
-                and isinstance(sub.left.op, ast.Sub) \
-                and isinstance(sub.left.right, (ast.Name, ast.Attribute, ast.Subscript)) \
-                and isinstance(sub.right, (ast.Name, ast.Attribute, ast.Subscript)):
-            return True
+        division = _operands(sub, ast.Div, _DIVIDE)
+        if division is not None:
+            centred = _operands(division[0], ast.Sub, _SUBTRACT)
+            if centred is not None and isinstance(centred[1], _NAMED) and isinstance(division[1], _NAMED):
+                return True
     return False
+
+
+_NAMED = (ast.Name, ast.Attribute, ast.Subscript)
+_DIVIDE = ("div", "div_", "divide", "true_divide")
+_SUBTRACT = ("sub", "sub_", "subtract")
+
+
+def _operands(node: ast.AST, op: type, methods: tuple[str, ...]) -> tuple[ast.AST, ast.AST] | None:
+    """``(left, right)`` of a subtraction or a division however it is written: the operator
+    (``x - m``), the tensor method (``x.sub(m)``, ``x.div_(s)``) or the function
+    (``torch.sub(x, m)``)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, op):
+        return node.left, node.right
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+        base = node.func.value
+        if isinstance(base, ast.Name) and base.id == "torch":
+            return (node.args[0], node.args[1]) if len(node.args) >= 2 else None
+        return (base, node.args[0]) if len(node.args) == 1 else None
+    return None
 
 
 def _pipelines(tree: ast.AST) -> list[tuple[str, int, ast.AST, str]]:
@@ -102,8 +122,8 @@ class EvaluationTransformUnnormalised(Rule):
     Finds an evaluation pipeline that leaves out the standardisation the training pipeline
     applies: the module defines a training transform (a function or a `Compose([...])` named
     `train_transform`, `train_tf`, ...) that normalises (`Normalize(mean, std)`, `(x - MEAN) /
-    STD`) and an evaluation one of the same kind (`eval_transform`, `test_tf`, `val_preprocess`)
-    that does not. Read from the script's source, in the files whose backwards ran; it points at
+    STD`, `x.sub(MEAN).div(STD)`) and an evaluation one of the same kind (`eval_transform`,
+    `test_tf`, `val_preprocess`) that does not. Read from the script's source, in the files whose backwards ran; it points at
     the evaluation pipeline (a function's `return`, or the assignment).
 
     ## Why is this bad?

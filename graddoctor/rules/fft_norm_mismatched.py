@@ -36,6 +36,53 @@ def _fft_call(node: ast.AST) -> tuple[str, str | None] | None:
     return None  # a norm given by a name: not read
 
 
+def _assignments(scope: ast.AST) -> list[tuple[set[str], ast.AST]]:
+    """``(names written, value)`` for each assignment of ``scope`` outside nested functions; a
+    write into an item or an attribute (``out_ft[:, :m] = ...``) writes its base name."""
+    out = []
+    for node in ast.walk(scope):
+        if node is not scope and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = set()
+        for target in targets:
+            for sub in ast.walk(target):
+                while isinstance(sub, (ast.Subscript, ast.Attribute, ast.Starred)):
+                    sub = sub.value
+                if isinstance(sub, ast.Name):
+                    names.add(sub.id)
+        out.append((names, value))
+    return out
+
+
+def _input(call: ast.Call) -> ast.AST:
+    """The tensor a transform is taken of: its first argument (``input=`` by keyword)."""
+    if call.args:
+        return call.args[0]
+    return next((k.value for k in call.keywords if k.arg == "input"), call)
+
+
+def _reaches(source: ast.Call, expr: ast.AST, assignments) -> bool:
+    """Whether ``expr`` reads the result of the call ``source``, directly or through the names
+    the scope assigns from it (in any order: a loop may carry them)."""
+    derived: set[str] = set()
+    def reads(node: ast.AST) -> bool:
+        return any(sub is source or (isinstance(sub, ast.Name) and sub.id in derived) for sub in ast.walk(node))
+    changed = True
+    while changed:
+        changed = False
+        for names, value in assignments:
+            if not names <= derived and reads(value):
+                derived |= names
+                changed = True
+    return reads(expr)
+
+
 def mismatched_fft_pairs(tree: ast.AST) -> list[tuple[int, str, str, int, str, str]]:
     """``(line, text, norm, other_line, other_text, other_norm)`` for each function (or the
     module's top level) that takes a transform and its inverse under different ``norm``
@@ -61,8 +108,15 @@ def mismatched_fft_pairs(tree: ast.AST) -> list[tuple[int, str, str, int, str, s
         inverse_norms = {norm for _, norm in calls["inverse"]}
         if len(forward_norms) != 1 or len(inverse_norms) != 1 or forward_norms == inverse_norms:
             continue
-        fwd, fnorm = calls["forward"][0]
-        inv, inorm = calls["inverse"][0]
+        # only an inverse of what a transform of the scope produced undoes it: an inverse of a
+        # spectrum made otherwise (random-phase noise) beside a transform only scored (a
+        # spectral loss) is no pair
+        assignments = _assignments(scope)
+        pairs = [(fwd, inv) for inv, _ in calls["inverse"] for fwd, _ in calls["forward"]
+                 if _reaches(fwd, _input(inv), assignments)]
+        if not pairs:
+            continue
+        (fwd, inv), fnorm, inorm = pairs[0], forward_norms.pop(), inverse_norms.pop()
         spelled = lambda n: any(k.arg == "norm" for k in n.keywords)  # noqa: E731
         first, second = ((inv, inorm), (fwd, fnorm)) if spelled(inv) and not spelled(fwd) \
             else ((fwd, fnorm), (inv, inorm))
@@ -78,8 +132,9 @@ class FftNormMismatched(Rule):
     conventions: `torch.fft.rfft2(x, norm="ortho")` undone by `torch.fft.irfft2(out_ft, s=...)`
     (whose default is `"backward"`), `fft(x, norm="forward")` with `ifft(x, norm="ortho")` —
     a Fourier neural operator's spectral convolution, a spectral derivative, a Fourier filter.
-    Every forward transform of the function uses one norm and every inverse another. Read from
-    the source of the files a backward ran from.
+    Every forward transform of the function uses one norm and every inverse another, each
+    inverse taken of what a transform of the function produced (through the names assigned
+    from it). Read from the source of the files a backward ran from.
 
     ## Why is this bad?
     The pair only round-trips when both sides use the same convention: mixing them scales

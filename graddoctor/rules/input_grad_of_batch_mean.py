@@ -79,6 +79,50 @@ def _scale_free_use(scope_nodes) -> bool:
                for n in scope_nodes)
 
 
+def _batch_size(node: ast.AST, sizes: set[str]) -> bool:
+    """``x.shape[0]``, ``x.size(0)``, ``len(x)``, or a name the scope binds to one of them."""
+    if isinstance(node, ast.Name):
+        return node.id in sizes
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+        return isinstance(node.slice, ast.Constant) and node.slice.value == 0
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "len":
+            return True
+        if isinstance(func, ast.Attribute) and func.attr == "size":
+            return len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0
+    return False
+
+
+def _rescaled(call: ast.Call, nodes) -> bool:
+    """Whether the derivative is multiplied back by the batch size, where it is taken
+    (``grad(e.mean(), x)[0] * x.shape[0]``) or through the name it is bound to: the mean's
+    ``1 / N`` undone, each sample's own derivative."""
+    sizes: set[str] = set()
+    for n in nodes:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                and _batch_size(n.value, set()):
+            sizes.add(n.targets[0].id)
+    parents = {id(child): n for n in nodes for child in ast.iter_child_nodes(n)}
+    bound, cur = set(), call
+    while id(cur) in parents:
+        parent = parents[id(cur)]
+        if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult):
+            other = parent.right if parent.left is cur else parent.left
+            if _batch_size(other, sizes):
+                return True
+        if isinstance(parent, ast.Assign):
+            bound = {t.id for t in parent.targets if isinstance(t, ast.Name)}
+            break
+        if not isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Subscript)):
+            break
+        cur = parent
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
+        (isinstance(n.left, ast.Name) and n.left.id in bound and _batch_size(n.right, sizes))
+        or (isinstance(n.right, ast.Name) and n.right.id in bound and _batch_size(n.left, sizes)))
+        for n in nodes)
+
+
 def batch_mean_input_grads(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     """``(line, call text, averaged expression, inputs)`` for each ``torch.autograd.grad``
     whose output is a whole ``.mean()`` and whose inputs are tensors the same function (or
@@ -98,6 +142,8 @@ def batch_mean_input_grads(tree: ast.AST) -> list[tuple[int, str, str, str]]:
             names = _names(_argument(n, 1, "inputs"))
             if averaged is None or not names or \
                     not all(_made_differentiable(nodes, name) for name in names):
+                continue
+            if _rescaled(n, nodes):
                 continue
             found.append((n.lineno, ast.unparse(n), ast.unparse(averaged), ", ".join(names)))
     return sorted(set(found))
@@ -140,6 +186,7 @@ class InputGradOfBatchMean(Rule):
     `.sum()` or `grad_outputs=torch.ones_like(...)`; a mean over a dimension (`u.mean(1)`);
     gradients with respect to parameters (MAML's inner step, `model.parameters()`); an input
     gradient whose direction only is used (`.sign()` for FGSM, a step normalised by its norm);
+    a gradient multiplied back by the batch size (`grad(e.mean(), x)[0] * x.shape[0]`);
     a mean the grad call gets through a name; files no backward ran from.
     """
 

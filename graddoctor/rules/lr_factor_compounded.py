@@ -40,6 +40,24 @@ def _factor_of(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     return None
 
 
+def _telescopes(factor: ast.AST, outer: ast.AST, counters: set[str]) -> bool:
+    """Whether the factor (or the one value the loop binds to it) is the ratio of one schedule
+    at this step and at the one before (``sched(step) / sched(step - 1)``): its product over the
+    steps telescopes to the schedule itself, so compounding it is meant."""
+    values = [factor]
+    if isinstance(factor, ast.Name):
+        values += [sub.value for sub in ast.walk(outer) if isinstance(sub, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == factor.id for t in sub.targets)]
+    for value in values:
+        if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div)):
+            continue
+        top, bottom = ast.unparse(value.left), ast.unparse(value.right)
+        for c in counters:
+            if top != bottom and (bottom.replace(f"{c} - 1", c) == top or top.replace(f"{c} + 1", c) == bottom):
+                return True
+    return False
+
+
 def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     """``[(line, the statement, the factor, the counter it reads)]`` for each param group's lr
     multiplied in place, inside a training loop, by a factor computed from that loop's counter
@@ -66,6 +84,10 @@ def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
         group_names = _names(item.value)  # `g` of `for g in opt.param_groups`
         counters = set()
         for loop in loops:
+            if isinstance(loop, (ast.For, ast.AsyncFor)) and _names(loop.target) & group_names:
+                # the loop over the groups visits each group once: its index (a layer's depth
+                # in `for depth, g in enumerate(opt.param_groups)`) counts groups, not steps
+                continue
             if isinstance(loop, (ast.For, ast.AsyncFor)):
                 counters |= _names(loop.target) - group_names
             for sub in ast.walk(loop):
@@ -83,7 +105,7 @@ def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
                 if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id in wanted
                                                        for t in sub.targets):
                     reads |= _names(sub.value) & counters
-        if reads:
+        if reads and not _telescopes(factor, loops[-1], counters):
             found.append((node.lineno, ast.unparse(node), ast.unparse(factor), sorted(reads)[0]))
     return sorted(found)
 
@@ -123,7 +145,11 @@ class LrFactorCompounded(Rule):
     ## Stays silent on
     A constant decay applied each step or epoch (`g["lr"] *= 0.99`, `*= gamma`: compounding on
     purpose); a multiplication under a test of the counter (`if epoch in milestones`); an lr
-    set from the base lr; multiplications outside a loop.
+    set from the base lr; multiplications outside a loop, or in the loop over the groups
+    alone by a factor of the group's index (a layer-wise decay set once:
+    `for depth, g in enumerate(opt.param_groups): g["lr"] *= decay ** depth`); the ratio of a
+    schedule at this step to the one before (`sched(step) / sched(step - 1)`: the product
+    telescopes to the schedule, the recursive form of PyTorch's own schedulers).
     """
 
     code = "GD380"

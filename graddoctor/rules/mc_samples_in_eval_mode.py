@@ -24,11 +24,27 @@ def _method_call(stmt: ast.stmt, method: str) -> str | None:
     return None
 
 
+def _is_false(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False
+
+
+def _switches_on(node: ast.AST) -> bool:
+    """Whether ``node`` is itself a switch of a module into training mode: a ``.train()`` call
+    (not ``.train(False)``), or the flag written directly (``m.training = True``)."""
+    if isinstance(node, ast.Call) and _name(node.func) == "train":
+        mode = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        return mode is None or not _is_false(mode)
+    if isinstance(node, ast.Assign) and not _is_false(node.value):
+        return any(isinstance(t, ast.Attribute) and t.attr == "training" for t in node.targets)
+    return False
+
+
 def _calls_train(node: ast.AST, trainers: set[str]) -> bool:
-    """Whether ``node`` calls ``.train()`` or a function of the file that does
-    (``enable_dropout(model)``)."""
-    return any(isinstance(n, ast.Call) and (_name(n.func) == "train" or _name(n.func) in trainers)
-               for n in ast.walk(node))
+    """Whether ``node`` switches a module into training mode (``.train()``, ``m.training =
+    True``) or calls a function of the file that does (``enable_dropout(model)``, or hands it
+    on: ``model.apply(enable_dropout)``)."""
+    return any(_switches_on(n) or (isinstance(n, ast.Call) and _name(n.func) in trainers)
+               or (isinstance(n, ast.Name) and n.id in trainers) for n in ast.walk(node))
 
 
 def _loop_vars(target: ast.AST) -> set[str]:
@@ -84,7 +100,7 @@ def eval_mode_samples(tree: ast.AST) -> list[tuple[int, str, int]]:
            for d in dropouts for k in d.keywords):
         return []
     trainers = {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and any(isinstance(n, ast.Call) and _name(n.func) == "train" for n in ast.walk(fn))}
+                and any(_switches_on(n) for n in ast.walk(fn))}
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and fn.name == "forward" and any(
                 isinstance(n, ast.Call) and _name(n.func) in _DRAWS for n in ast.walk(fn)):
@@ -142,7 +158,8 @@ class McSamplesInEvalMode(Rule):
     ```
 
     ## Stays silent on
-    Dropout layers switched back on after `eval()` (any `.train()` call before the sampling);
+    Dropout layers switched back on after `eval()` (any `.train()` call, or a module's
+    `training` flag set to `True`, before the sampling);
     `model.train()` sampling; passes over different inputs (`model(x[i])`, test-time
     augmentation of each pass); models whose forward draws its own noise (Bayesian layers
     sampling weights, a VAE's reparameterisation); scripts without dropout.

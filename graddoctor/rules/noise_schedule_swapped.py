@@ -34,13 +34,24 @@ def _scale(node: ast.AST) -> str | None:
     return None
 
 
+def _negated(node: ast.AST) -> bool:
+    """A factor with a minus of its own (``-sigma_t``, ``-1.0 * sigma_t``)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _negated(node.left) or _negated(node.right)
+    return (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and node.value < 0)
+
+
 def _terms(node: ast.AST) -> list[tuple[ast.AST, ast.AST]] | None:
-    """``[(coefficient, operand), (coefficient, operand)]`` of ``a * x + b * y``, or None."""
+    """``[(coefficient, operand), (coefficient, operand)]`` of ``a * x + b * y``, or None. A
+    product with a negated factor makes no forward step, whose coefficients are both positive
+    (``-sigma_t * x0 + alpha_t * noise`` is v-prediction's target written as a sum)."""
     if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
         return None
     pairs = []
     for side in (node.left, node.right):
-        if not (isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)):
+        if not (isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)) \
+                or _negated(side.left) or _negated(side.right):
             return None
         pairs.append((side.left, side.right))
     return pairs
@@ -81,6 +92,8 @@ def _products(node: ast.AST, op: type) -> tuple[tuple[str, str], tuple[str, str]
     for side in (node.left, node.right):
         if not (isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)):
             return None
+        if op is ast.Add and (_negated(side.left) or _negated(side.right)):
+            return None  # a sum with a negated term is a difference, not a forward step
         out.append((ast.unparse(side.left), ast.unparse(side.right)))
     return out[0], out[1]
 
@@ -155,7 +168,8 @@ class NoiseScheduleSwapped(Rule):
 
     ## Stays silent on
     The forward step as written in DDPM; a v-prediction target (`sqrt_ab * noise -
-    sqrt_one_minus_ab * x0`, a difference); the clean sample recovered from a predicted
+    sqrt_one_minus_ab * x0`, a difference, or a sum with a negated term: `-sigma_t * x0 +
+    alpha_t * noise`); the clean sample recovered from a predicted
     velocity (`sqrt_ab * x_t - sqrt_one_minus_ab * v_pred`: other operands than the step's); the DDIM update (`sqrt(ab_prev) * x0_pred +
     sqrt(1 - ab_prev) * eps`); flow matching's `(1 - t) * x0 + t * noise` (no alpha named);
     coefficients whose names say neither.

@@ -74,16 +74,29 @@ def _detached(value: ast.AST) -> ast.AST | None:
     return None
 
 
+def _signed_terms(node: ast.AST, sign: int = 1) -> list[tuple[int, ast.AST]]:
+    """The terms of a sum with their signs: ``a + z - z.detach()`` -> ``[(1, a), (1, z), (-1, z.detach())]``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        return _signed_terms(node.left, sign) + _signed_terms(
+            node.right, -sign if isinstance(node.op, ast.Sub) else sign)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _signed_terms(node.operand, -sign)
+    return [(sign, node)]
+
+
 def _straight_through(scope: ast.AST) -> bool:
     """Whether the scope writes a straight-through estimator: a difference detached
-    (``(q - z).detach()``) or ``z - z.detach()``."""
+    (``(q - z).detach()``) or a sum that adds ``z`` and takes ``z.detach()`` away, in any
+    order and beside other terms (``q.detach() + z - z.detach()``, ``z_q + z - z.detach()``)."""
     for node in scope_walk(scope):
         inner = _detached(node)
         if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub):
             return True
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
-            right = _detached(node.right)
-            if right is not None and ast.dump(right) == ast.dump(node.left):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            terms = _signed_terms(node)
+            added = {ast.dump(t) for sign, t in terms if sign > 0}
+            if any(sign < 0 and _detached(t) is not None and ast.dump(_detached(t)) in added
+                   for sign, t in terms):
                 return True
     return False
 
@@ -216,7 +229,8 @@ class QuantisedValueDetached(Rule):
     ```
 
     ## Stays silent on
-    The straight-through forms (`z + (q - z).detach()`, `q.detach() + z - z.detach()`); a
+    The straight-through forms (`z + (q - z).detach()`, `q.detach() + z - z.detach()`, also
+    over two statements: `z_q = q.detach()`, then `z_q = z_q + z - z.detach()`); a
     detached code given to a loss (the commitment and codebook terms); codes read under
     `no_grad` (an EMA codebook update, an evaluation), or chosen for encoder outputs computed
     under `no_grad` (a prior trained on a frozen tokenizer's codes); a detached code in a function without

@@ -80,6 +80,33 @@ def _inlined(value: ast.AST, stmts, own: ast.stmt) -> bool:
     return False
 
 
+def _callee(node: ast.AST) -> str:
+    func = node.func if isinstance(node, ast.Call) else None
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _inverse_sqrt(value: ast.AST) -> bool:
+    """``d ** -0.5``, ``1 / math.sqrt(d)``, ``1.0 / d ** 0.5``, ``torch.rsqrt(d)``."""
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow):
+        exp = value.right
+        return isinstance(exp, ast.UnaryOp) and isinstance(exp.op, ast.USub) and isinstance(
+            exp.operand, ast.Constant) and exp.operand.value == 0.5
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and isinstance(value.left, ast.Constant) \
+            and value.left.value in (1, 1.0):
+        den = value.right
+        return _callee(den) == "sqrt" or (isinstance(den, ast.BinOp) and isinstance(den.op, ast.Pow)
+                                          and isinstance(den.right, ast.Constant) and den.right.value == 0.5)
+    return _callee(value) == "rsqrt"
+
+
+def _default_scaled_attention(stmts) -> bool:
+    """Whether the function calls ``scaled_dot_product_attention`` without ``scale=``: the
+    kernel divides the scores by sqrt(d) on its own."""
+    calls = [n for s in stmts for n in ast.walk(s)
+             if isinstance(n, ast.Call) and _callee(n) == "scaled_dot_product_attention"]
+    return bool(calls) and all(not any(k.arg == "scale" for k in c.keywords) for c in calls)
+
+
 def unapplied_scales(tree: ast.AST) -> list[tuple[int, str, str, list[str]]]:
     """``(line, name, text, siblings)`` of a coefficient (named like one) assigned by arithmetic
     in a function that computes a loss or an output, and read nowhere in that function; the
@@ -108,6 +135,8 @@ def unapplied_scales(tree: ast.AST) -> list[tuple[int, str, str, list[str]]]:
                 continue
             if any(_inlined(b.value, stmts, b) for b in binds):
                 continue
+            if "scal" in name.lower() and all(_inverse_sqrt(b.value) for b in binds) and _default_scaled_attention(stmts):
+                continue  # scaled_dot_product_attention applies 1/sqrt(d) itself
             siblings = sorted(n for n in assigned if n != name and n in read and _SCALE_NAME.match(n.lower()))
             first = binds[0]
             found.append((first.lineno, name, ast.unparse(first.value), siblings))
@@ -148,7 +177,9 @@ class ScaleNeverApplied(Rule):
     value is written out where it applies (`x / (sigma ** 2 + sigma_data ** 2).sqrt()` beside an
     unused `c_in = 1 / (sigma_data ** 2 + sigma ** 2).sqrt()`); a name bound
     to a constant or a plain alias; a function that neither returns nor calls `backward()`;
-    names that say no coefficient (`acc`, `batch_size`) and names starting with `_`.
+    names that say no coefficient (`acc`, `batch_size`) and names starting with `_`; a scale of
+    `1 / sqrt(d)` beside `F.scaled_dot_product_attention` called without `scale=` (the kernel
+    applies that scale itself).
     """
 
     code = "GD400"

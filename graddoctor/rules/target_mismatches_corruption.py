@@ -51,13 +51,17 @@ def _one_minus(node: ast.AST) -> ast.AST | None:
 
 def interpolation(value: ast.AST) -> tuple[str, str, str] | None:
     """``(start, end, time)`` of a straight path between two tensors: ``(1 - t) * a + t * b``
-    (its terms and factors in any order), ``a + t * (b - a)``, ``torch.lerp(a, b, t)``: the
-    path is at ``a`` at time 0 and at ``b`` at time 1, so its velocity is ``b - a``."""
+    (its terms and factors in any order), ``a + t * (b - a)``, ``torch.lerp(a, b, t)`` (and
+    ``torch.lerp(b, a, 1 - t)``, the same path): the path is at ``a`` at time 0 and at ``b`` at
+    time 1, so its velocity is ``b - a``."""
     if _callee(value) == "lerp" and isinstance(value, ast.Call):
         args = list(value.args) if isinstance(value.func, ast.Attribute) and isinstance(
             value.func.value, ast.Name) and value.func.value.id == "torch" else \
             ([value.func.value] + list(value.args) if isinstance(value.func, ast.Attribute) else [])
         if len(args) == 3:
+            time = _one_minus(args[2])
+            if time is not None:  # lerp(a, b, 1 - t): at b when t is 0, at a when t is 1
+                return _text(args[1]), _text(args[0]), _text(time)
             return _text(args[0]), _text(args[1]), _text(args[2])
         return None
     terms = _terms(value)
