@@ -49,3 +49,21 @@ def test_the_rule_reads_the_files_whose_backwards_ran(tmp_path):
     found = list(find_rule("partition-ignores-mask")().check(Analysis(t.trace)))
     assert [(f.location.line, f.evidence["mask"]) for f in found] == [(6, "mask")]
     assert "alpha = torch.where(mask[:, t].unsqueeze(1), nxt, alpha)" in found[0].fix
+
+
+def test_the_carry_is_followed_through_scratch_names_to_the_loop_carried_name():
+    through = dedent("""\
+        class CRF:
+            def partition(self, feats, mask):
+                score = feats[:, 0]
+                for t in range(1, feats.size(1)):
+                    nxt = score[:, :, None] + self.trans + feats[:, t, None, :]
+                    nxt = torch.logsumexp(nxt, dim=1)
+                    score = nxt
+                return torch.logsumexp(score, 1)
+
+            def gold(self, feats, tags, mask):
+                return (feats.gather(2, tags[..., None]).squeeze(2) * mask).sum(1)
+        """)
+    found = partitions_ignoring_masks(ast.parse(through))
+    assert [(line, carried) for line, _, _, _, _, carried, _ in found] == [(7, "score")]

@@ -331,3 +331,48 @@ def test_rows_without_a_label_beside_rows_peaking_at_one_column():
     assert judge("distribution", masked, classes=5) is None  # zero rows beside several classes
     one_class = torch.nn.functional.one_hot(torch.full((8,), 2), 5).float()
     assert judge("distribution", one_class, classes=5) is None  # every row labelled
+
+
+POINTER = """\
+def forward(self, h, sent_mask):
+    scores = self.score(h).squeeze(-1)
+    scores = scores.masked_fill(sent_mask, -1e9)
+    return scores
+
+
+for doc, sent_mask, oracle in loader:
+    scores = model(doc, sent_mask)
+    loss = F.cross_entropy(scores, oracle)
+    loss.backward()
+"""
+
+
+def _masked_target_findings(tmp_path, text, share, line=9):
+    from graddoctor import events as ev
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "pointer.py"
+    script.write_text(text)
+    t = TraceBuilder(str(script))
+    t.put(ev.target_domain(fn="cross_entropy", problem="masked-target", low=-1e9, high=-1e9,
+                           share=share), line)
+    t.backward(line=line + 1)
+    return list(find_rule("target-outside-loss-domain")().check(Analysis(t.trace)))
+
+
+def test_every_target_on_a_filled_position_points_at_the_inverted_fill(tmp_path):
+    [found] = _masked_target_findings(tmp_path, POINTER, 1.0)
+    assert found.location.line == 3
+    assert "`scores.masked_fill(~sent_mask, ...)`" in found.fix
+    assert "sent_mask" in found.message
+
+
+def test_some_targets_a_diagonal_mask_or_made_targets_keep_the_loss_line(tmp_path):
+    [some] = _masked_target_findings(tmp_path, POINTER, 0.4)
+    assert some.location.line == 9
+    eye = POINTER.replace("masked_fill(sent_mask, -1e9)", "masked_fill(diag, -1e9)").replace(
+        "    scores = self.score", "    diag = torch.eye(h.size(0), dtype=torch.bool)\n    scores = self.score")
+    [diagonal] = _masked_target_findings(tmp_path, eye, 1.0, line=10)
+    assert diagonal.location.line == 10
+    assert "contrastive" in diagonal.message

@@ -19,24 +19,60 @@ def _mask_parameters(func: ast.FunctionDef) -> list[str]:
     return [a.arg for a in args if "mask" in a.arg.lower()]
 
 
+def _loop_assignments(loop: ast.For) -> list[ast.Assign]:
+    return sorted((s for s in ast.walk(loop) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                   and isinstance(s.targets[0], ast.Name)), key=lambda s: (s.lineno, s.col_offset))
+
+
+def _carried_by_loop(loop: ast.For, name: str, first: ast.Assign) -> bool:
+    """Whether the loop reads ``name`` before it first rebinds it (in an earlier statement or in
+    the value of that assignment): the name holds the previous step's value."""
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load):
+            if n.lineno < first.lineno or any(n is m for m in ast.walk(first.value)):
+                return True
+    return False
+
+
+def logsumexp_calls(node: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)
+            and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) in _LOGSUMEXP]
+
+
 def _recurrence(func: ast.FunctionDef) -> tuple[ast.For, ast.Assign] | None:
     """The time loop of a forward algorithm and its statement that carries the scores to the
     next step: a ``for`` loop whose body calls ``logsumexp`` over a name the loop then rebinds
-    (``alpha = torch.logsumexp(alpha.unsqueeze(2) + trans + emit, dim=1)``, or through one name:
-    ``nxt = ...; alpha = nxt``); the last such assignment."""
+    (``alpha = torch.logsumexp(alpha.unsqueeze(2) + trans + emit, dim=1)``, or through other
+    names: ``nxt = alpha[:, :, None] + trans; nxt = torch.logsumexp(nxt, 1); alpha = nxt``).
+    The carry is the last assignment to a name the loop reads before rebinding it (the
+    previous step's scores); failing one, the last assignment to a name the call reads."""
     for loop in ast.walk(func):
         if not isinstance(loop, ast.For):
             continue
-        calls = [n for n in ast.walk(loop) if isinstance(n, ast.Call)
-                 and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) in _LOGSUMEXP]
+        calls = logsumexp_calls(loop)
         if not calls:
             continue
         read = {n.id for c in calls for n in ast.walk(c) if isinstance(n, ast.Name)}
-        assigned = [s for s in ast.walk(loop) if isinstance(s, ast.Assign) and len(s.targets) == 1
-                    and isinstance(s.targets[0], ast.Name)]
-        carried = [s for s in assigned if s.targets[0].id in read]
-        if carried:
-            return loop, max(carried, key=lambda s: s.lineno)
+        assigned = _loop_assignments(loop)
+        direct = [s for s in assigned if s.targets[0].id in read]
+        if not direct:
+            continue
+        feeding = set(read)
+        grown = True
+        while grown:  # the names the call reads, followed back through the loop's assignments
+            grown = False
+            for s in assigned:
+                if s.targets[0].id in feeding:
+                    new = {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} - feeding
+                    if new:
+                        feeding |= new
+                        grown = True
+        firsts: dict[str, ast.Assign] = {}
+        for s in assigned:
+            firsts.setdefault(s.targets[0].id, s)
+        carried = [s for s in assigned if s.targets[0].id in feeding
+                   and _carried_by_loop(loop, s.targets[0].id, firsts[s.targets[0].id])]
+        return loop, max(carried or direct, key=lambda s: s.lineno)
     return None
 
 
@@ -71,6 +107,20 @@ def partitions_ignoring_masks(tree: ast.AST) -> list[tuple[int, str, str, str, i
     return found
 
 
+def _fix(carry: str, mask: str, carried: str, step: str) -> str:
+    """The fix, naming the step's new scores as the script does (``prev = scores``)."""
+    try:
+        value = ast.parse(carry).body[0].value
+    except (SyntaxError, IndexError, AttributeError):
+        value = None
+    if isinstance(value, ast.Name) and value.id != carried:
+        return (f"keep the forward variables where `{mask}` is False: `{carried} = torch.where("
+                f"{mask}[:, {step}].unsqueeze(1), {value.id}, {carried})`")
+    return (f"keep the forward variables where `{mask}` is False: compute the step's "
+            f"`logsumexp` into `nxt`, then `{carried} = torch.where({mask}[:, {step}]"
+            f".unsqueeze(1), nxt, {carried})`")
+
+
 class PartitionIgnoresMask(Rule):
     """
     ## What it does
@@ -81,7 +131,10 @@ class PartitionIgnoresMask(Rule):
     ran: a function with a parameter named as a mask (`mask`, `masks`, `seq_mask`) it never
     reads, holding a `for` loop that calls `logsumexp` over a name the loop rebinds (the
     forward variables `alpha`), in a class (or module) where another function reads its own
-    mask parameter. It points at the statement that carries the recurrence to the next step.
+    mask parameter. It points at the statement that carries the recurrence to the next step:
+    the last assignment to a name the loop reads before rebinding it (`alpha = nxt` after
+    `nxt = torch.logsumexp(alpha.unsqueeze(2) + ..., 1)`), followed through the names that
+    feed the `logsumexp`.
 
     ## Why is this bad?
     The negative log-likelihood `log Z - score(gold)` is only a likelihood when `Z` sums over
@@ -137,6 +190,4 @@ class PartitionIgnoresMask(Rule):
                     f"the padding's scores down, and it can fall below zero",
                     Location(path, line, None),
                     evidence={"function": function, "mask": mask, "sibling_line": sibling},
-                    fix=(f"keep the forward variables where `{mask}` is False: compute the "
-                         f"step's `logsumexp` into `nxt`, then `{carried} = torch.where("
-                         f"{mask}[:, {step}].unsqueeze(1), nxt, {carried})`"))
+                    fix=_fix(text, mask, carried, step))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Location, Severity
 from ..events import SOFT_CE
 from .base import Rule
@@ -155,6 +157,71 @@ def _masked(fn: str, e) -> tuple[str, str]:
             "label_smoothing and smooth the targets over the unmasked classes by hand")
 
 
+_POSITION_MASKS_SKIP = ("eye", "diag")
+
+
+def _assigned_with(tree: ast.AST, name: str, word: str) -> bool:
+    """Whether the file assigns ``name`` a value whose text holds ``word`` (``mask = torch.eye(n)``)."""
+    return any(isinstance(n, ast.Assign) and any(ast.unparse(t) == name for t in n.targets)
+               and word in ast.unparse(n.value) for n in ast.walk(tree))
+
+
+def _inverted_fill(a, e) -> tuple[int, str, str, str] | None:
+    """``(line, statement, scores name, mask text)`` of the one ``masked_fill`` in the loss's
+    file that assigns the scores a ``cross_entropy`` is given by name, when every target of
+    the call points at an entry it filled: the positions kept and the positions filled are
+    swapped (``start_logits.masked_fill(ctx_mask, -1e4)`` where ``ctx_mask`` is True on the
+    context). A fill of a similarity matrix's diagonal (``eye``) is a contrastive loss's, whose
+    targets are the ones to move; a share below all of them is targets that stray, not a mask."""
+    loc = e.loc
+    if e.get("problem") != "masked-target" or loc is None or (e.get("share") or 0) < 0.99:
+        return None
+    tree = a.source.tree(loc.path)
+    if tree is None or (a.source.target_origin(loc.path, loc.line) or {}).get("made"):
+        return None  # targets the script makes itself (torch.arange): the ones to move
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == loc.line
+             and n.args and isinstance(n.args[0], ast.Name)]
+    if len(calls) != 1:
+        return None
+    name = calls[0].args[0].id
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name:
+            call = node.value
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "masked_fill_" \
+                and isinstance(node.value.func.value, ast.Name) and node.value.func.value.id == name:
+            call = node.value
+        else:
+            continue
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in ("masked_fill", "masked_fill_") and call.args):
+            continue
+        mask = ast.unparse(call.args[0])
+        if any(word in mask or _assigned_with(tree, mask, word) for word in _POSITION_MASKS_SKIP):
+            return None
+        lines = a.source.lines(loc.path)
+        text = lines[node.lineno - 1].split("#")[0].strip() if node.lineno <= len(lines) else ""
+        found.append((node.lineno, text or ast.unparse(node), name, mask))
+    return found[0] if len(found) == 1 else None
+
+
+def _inverted_message(e, fill) -> tuple[str, str]:
+    line, text, name, mask = fill
+    flipped = mask[1:].strip() if mask.startswith("~") else f"~{mask}"
+    if flipped.startswith("(") and flipped.endswith(")") and not mask.startswith("~"):
+        flipped = f"~{mask}"
+    fn = e.get("fn", "cross_entropy")
+    return (f"{fn} is given class indices whose own score is masked out{_share(e)}: every "
+            f"target points at an entry that `{text}` filled, so the fill covers the positions "
+            f"the targets live in and keeps the rest. `masked_fill` fills where its mask is "
+            f"True: `{mask}` is True on the entries to keep (the context, the real tokens), "
+            f"the other convention. The loss of every row is enormous and its gradient only "
+            f"pushes the unmasked entries down",
+            f"fill where the mask is False: `{name}.masked_fill({flipped}, ...)`")
+
+
 def describe(e) -> tuple[str, str]:
     """(message, fix) of one ``target_domain`` event."""
     fn, problem = e.get("fn", "binary_cross_entropy_with_logits"), e.get("problem", "outside-unit")
@@ -251,7 +318,9 @@ class TargetOutsideLossDomain(Rule):
     scattered along the batch axis, `t.scatter_(0, y[:, None], 1)`, reported at that
     `scatter_`; by hand too); `cross_entropy` given class indices whose own score
     is masked out (-inf, or a usual fill constant such as -1e9: a target on the masked diagonal,
-    reported where the targets are made), or `label_smoothing` over rows holding -inf;
+    reported where the targets are made; every target on a position a `masked_fill` of those
+    scores filled, a mask in the other convention, reported at that fill:
+    `scores.masked_fill(sent_mask, -1e9)` where `sent_mask` is True on the real sentences), or `label_smoothing` over rows holding -inf;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
     `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
     with it); `poisson_nll_loss` given negative counts; `ctc_loss` (`nn.CTCLoss`) given label
@@ -328,13 +397,16 @@ class TargetOutsideLossDomain(Rule):
         for e in a.of_kind("target_domain"):
             if e.get("problem") == "masked-target" and e.loc in paired:
                 continue
-            where = self._location(a, e)
+            fill = _inverted_fill(a, e)
+            where = Location(e.loc.path, fill[0]) if fill else self._location(a, e)
             # torch's soft-target cross_entropy is the hand-written product inside: the call's
             # wrapper and the graph reader can tell the same targets
             if (where, e.get("problem")) in told:
                 continue
             told.add((where, e.get("problem")))
             message, fix = describe(e)
+            if fill is not None:
+                message, fix = _inverted_message(e, fill)
             evidence = {"function": e.get("fn"), "given": e.get("problem"),
                         "targets": [e.get("low"), e.get("high")]}
             if e.get("share") is not None:
