@@ -72,3 +72,16 @@ def test_free_adversarial_training_is_silent():
 def test_unscaled_accumulation_leaves_the_attack_steps_alone():
     assert findings(_adversarial(), "unscaled-accumulation") == []
     assert findings(_adversarial(input_gradient=False), "unscaled-accumulation") != []  # micro-batches
+
+
+def test_a_clear_after_each_step_is_the_line_to_move_even_with_none_before_the_first_update():
+    t = TraceBuilder()
+    t.optimizer(0, P, line=1)
+    for update in range(3):
+        for k in range(3):
+            written = {"accumulated": P} if k else {"fresh": P}
+            t.backward(line=20, extra_leaves=1, **written)
+        t.backward(accumulated=P, line=31)
+        t.step(line=32)
+        t.clear(P, line=33)
+    assert only(t, SLUG).location.line == 33

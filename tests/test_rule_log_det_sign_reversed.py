@@ -197,3 +197,6 @@ def test_the_power_form_points_at_the_statement_with_the_log_and_the_square(tmp_
     f, = find_rule(SLUG)().check(Analysis(t.trace))
     assert f.location.line == 4 and "+log(sigma)" in f.message and "sigma ** 2" in f.message
     assert "log(s0) - log(sigma)" in f.fix and f.evidence["power"] == 1.0
+    script.write_text(script.read_text().replace("sigma ** 2", "sigma.pow(2)"))
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 4

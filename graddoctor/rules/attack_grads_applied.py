@@ -141,7 +141,8 @@ class AttackGradsApplied(Rule):
                 continue
             step_seq, attack, training = items[0]
             step = steps[step_seq]
-            clear = self._clear_before(a, attack[0])
+            # the first update may have no clear before it (``zero_grad()`` after each step)
+            clear = next((c for _, each, _ in items if (c := self._clear_before(a, each[0])) is not None), None)
             loc = clear.loc if clear is not None and clear.loc is not None else attack_loc
             name = _perturbation_name(a, attack_loc)
             what = f"`{name}.grad`" if name else "the input's gradient"

@@ -141,7 +141,7 @@ class LogDetSignReversed(Rule):
 
 def _log_and_power_statement(a, path):
     """``(line of the log, name)`` of the one statement of the script that takes both the log
-    (``x.log()``, ``torch.log(x)``) and a power (``x ** 2``) of one name, else None."""
+    (``x.log()``, ``torch.log(x)``) and a power (``x ** 2``, ``x.pow(2)``) of one name, else None."""
     tree = a.source.tree(path)
     if tree is None:
         return None
@@ -157,6 +157,9 @@ def _log_and_power_statement(a, path):
                     logs.setdefault(arg.id, n.lineno)
             elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and isinstance(n.left, ast.Name):
                 powers.add(n.left.id)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pow" \
+                    and isinstance(n.func.value, ast.Name):
+                powers.add(n.func.value.id)  # x.pow(2)
         found.extend((line, name) for name, line in logs.items() if name in powers)
     return found[0] if len(found) == 1 else None
 
