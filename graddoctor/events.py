@@ -1282,7 +1282,9 @@ log_scale_reversed linear (+1 | -1: the sign the loss's linear top holds a log-s
                    a backward's loss holds s linearly and through exp(±s) with signs that pull
                    s the same way (a flow's log-det subtracted, a Gaussian NLL's log-variance
                    negated) — once per backward line (loc: the backward; an aside;
-                   instrument/lossterms.py)
+                   instrument/lossterms.py); power (only present when true: what pulls s the
+                   log's way is a positive power of the scale S = s held linearly, a Gaussian
+                   KL's sigma ** 2 beside +log(sigma); exp is then that power's sign)
 sampled_scores     scores [{kind ("sim" a dot product | "dist" a distance), op (its autograd
                    node), draws [int] (the draws its lookups' indices are), up (the share of the
                    gradient's mass that descent uses to raise the score's similarity; None: not
@@ -2649,9 +2651,11 @@ def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None) 
 
 
 def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int], bounded: bool,
-                       line: int | None = None) -> Made:
-    return "log_scale_reversed", {"linear": linear, "exp": exp, "op": op, "params": params,
-                                  "bounded": bounded, "line": line}
+                       line: int | None = None, power: bool = False) -> Made:
+    data = {"linear": linear, "exp": exp, "op": op, "params": params, "bounded": bounded, "line": line}
+    if power:
+        data["power"] = True
+    return "log_scale_reversed", data
 
 
 def log_det_positions(*, op: str, positions: int, params: list[int], line: int | None = None) -> Made:

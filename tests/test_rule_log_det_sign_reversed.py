@@ -150,3 +150,53 @@ def test_a_minus_sum_is_pointed_at_when_the_log_det_is_added_in_a_called_functio
     script.write_text(script.read_text().replace("+ log_det\n", "- log_det\n"))
     f, = find_rule(SLUG)().check(Analysis(t.trace))
     assert f.location.line == 8
+
+
+def _gaussian_kl(log_sign, scale=None):
+    sigma = torch.nn.functional.softplus(S) if scale is None else scale
+    return (log_sign * torch.log(sigma) + 0.5 * (sigma ** 2 + MU ** 2) - 0.5).sum()
+
+
+def test_a_gaussian_kl_with_its_log_sigma_flipped_is_found_through_the_power():
+    found = scale_terms(_gaussian_kl(1.0).grad_fn)
+    assert [(held, sign) for _arg, held, _exp, sign in found] == [(1.0, 1.0)]
+    assert type(found[0][2]).__name__ == "PowBackward0"
+    assert _found(_gaussian_kl(1.0, scale=S.exp())) == [(1.0, 1.0)]
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: _gaussian_kl(-1.0),  # the KL, right sign
+    lambda: _gaussian_kl(-1.0, scale=S.exp()),
+    # a Gaussian NLL: sigma ** 2 divides the squared error, it is not held linearly
+    lambda: (torch.log(torch.nn.functional.softplus(S)) + (X - MU) ** 2
+             / (2 * torch.nn.functional.softplus(S) ** 2)).mean(),
+    lambda: (torch.log(S.exp()) + (X - MU) ** 2 / (2 * S.exp() ** 2)).mean(),
+])
+def test_a_log_sigma_balanced_by_its_power_or_a_division_is_not(loss):
+    assert _found(loss()) == []
+
+
+def test_the_power_form_points_at_the_statement_with_the_log_and_the_square(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "bnn.py"
+    script.write_text(
+        "import torch\n"                                                              # 1
+        "def kl(mu, rho):\n"                                                          # 2
+        "    sigma = torch.nn.functional.softplus(rho)\n"                             # 3
+        "    return (sigma.log() + (sigma ** 2 + mu ** 2) / 2 - 0.5).sum()\n"         # 4
+        "loss = nll + kl(mu, rho) / n\n"                                              # 5
+        "loss.backward()\n")                                                          # 6
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.log_scale_reversed(linear=1.0, exp=1.0, op="SoftplusBackward0", params=[1],
+                                bounded=False, line=6, power=True), line=6)
+    t.backward(fresh=[0, 1], line=6)
+    t.step(0, line=7)
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 4 and "+log(sigma)" in f.message and "sigma ** 2" in f.message
+    assert "log(s0) - log(sigma)" in f.fix and f.evidence["power"] == 1.0
+    script.write_text(script.read_text().replace("sigma ** 2", "sigma.pow(2)"))
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 4

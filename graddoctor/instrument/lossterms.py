@@ -623,7 +623,10 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     ``z = x * exp(s)``, the precision ``exp(-logvar)``), the two pulling ``s`` the same way:
     the sign in the loss times the exp's is positive. Exps the loss's linear top holds with a
     negative sign are loss-unbounded-below's and left out. Also a scale ``S`` whose ``log(S)``
-    the linear top holds while ``S`` multiplies (or divides) another computed tensor."""
+    the linear top holds while ``S`` multiplies (or divides) another computed tensor, or while
+    the linear top holds a positive power of ``S`` with the log's sign (a Gaussian KL's
+    ``-log(sigma) + sigma ** 2 / 2`` written ``+log(sigma)``: the node returned for the exp is
+    that power's)."""
     linear: dict = {}  # node -> the sign the linear top holds it with (None: both)
 
     def visit(node, sign, name, children) -> bool:
@@ -673,6 +676,19 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
         held = linear.get(argument)
         if held is not None and held * sign > 0:
             found.append((argument, held, node, sign))
+    # a scale whose log and a positive power the linear top both hold with one sign (a Gaussian
+    # KL's ``log(sigma) + sigma ** 2`` with the log's sign flipped): both fall as the scale
+    # shrinks, and the log without end
+    powered: dict = {}  # scale -> (the sign the linear top holds its power with, the power's node)
+    for node, held in linear.items():
+        if held is None or type(node).__name__ != "PowBackward0":
+            continue
+        children = _children(node)
+        exponent = saved(node, "_saved_exponent")
+        if len(children) == 1 and isinstance(exponent, (int, float)) and exponent > 0:
+            scale = children[0][1]
+            known = powered.get(scale)
+            powered[scale] = (held, node) if known is None or known[0] == held else (None, node)
     # a scale whose log the linear top holds (Glow's ``log(sigmoid(h))`` log-det of
     # ``z = x * sigmoid(h)``, ``log(sigma)`` of ``(y - mu) / sigma``): the same pull when the
     # log's sign and the scale's (a factor: +1, a divisor: -1) agree
@@ -686,6 +702,8 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
         signs = factors.get(scale)
         if signs is not None and len(signs) == 1 and held * next(iter(signs)) > 0:
             found.append((scale, held, node, next(iter(signs))))
+        elif scale in powered and powered[scale][0] is not None and held * powered[scale][0] > 0:
+            found.append((scale, held, powered[scale][1], powered[scale][0]))
     return found
 
 
@@ -711,7 +729,8 @@ class LogScaleWatcher(LossGraphReader):
             self._done.add(loc)
             self.rec.emit_aside(ev.log_scale_reversed(
                 linear=held, exp=sign, op=type(argument).__name__, params=pids[:64],
-                bounded=_bounded(argument), line=getattr(loc, "line", None)), loc)
+                bounded=_bounded(argument), line=getattr(loc, "line", None),
+                power=type(exp).__name__ == "PowBackward0"), loc)
             return
 
     def install(self, patcher) -> None:

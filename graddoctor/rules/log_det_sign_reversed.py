@@ -19,8 +19,12 @@ class LogDetSignReversed(Rule):
     negated. The loss's linear top (sums, means, views, negations, constant factors) is walked
     at the first backwards for the sign of each value it holds; each `exp` of the graph is
     followed to its argument (through negations, views and constant factors), and each
-    `log(S)` held linearly to the products and quotients `S` scales. It points at
-    the loss's assignment, or at the one line above it that computes the loss's exp term, or,
+    `log(S)` held linearly to the products and quotients `S` scales, and to a positive power
+    of `S` the linear top also holds: a Gaussian KL `log(sigma) + (sigma**2 + mu**2) / 2`
+    whose log term should have a minus (Bayes-by-backprop, a hand-written variational
+    posterior), pointed at the one statement that takes both the log and the square. Else it
+    points at the loss's assignment, or at the one line above it that computes the loss's exp
+    term, or,
     when the loss adds its log-det the right way (`-(log_prob(z) + log_det)`, on its own line or
     in a function it calls: `return log_pz + log_det`), at the script's one statement that sums
     the log-det with a minus (`log_det = log_det - ld`).
@@ -50,7 +54,9 @@ class LogDetSignReversed(Rule):
     * exp(-logvar)` (or `/ logvar.exp()`, `/ (2 * logvar.exp())`: a division by `exp(s)` is
     a factor `exp(-s)`), a Laplace NLL `log_b + |y - mu| * exp(-log_b)`, uncertainty-weighted
     multi-task losses `exp(-s) * L + s`, the VAE's KL term (`exp(logvar) - logvar`), a KL term
-    with the exp negated (loss-unbounded-below's). Also judged: a scale `S` (Glow's
+    with the exp negated (loss-unbounded-below's), the Gaussian KL of a `sigma` with
+    `-log(sigma)`, a Gaussian NLL `log(sigma) + (y - mu)**2 / (2 * sigma**2)` (the square
+    divides, it is not held linearly). Also judged: a scale `S` (Glow's
     `sigmoid(h)`, a `softplus` sigma) whose `log(S)` the linear top holds while `S` multiplies
     or divides another computed tensor. Not judged: log-scales whose exp sits behind a product
     of two computed tensors along the linear path, or that are computed twice (two nodes).
@@ -70,6 +76,9 @@ class LogDetSignReversed(Rule):
         for e in a.of_kind("log_scale_reversed"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids:
+                continue
+            if e.get("power"):
+                yield self._log_beside_power(a, e, pids)
                 continue
             loc, text = e.loc, None
             if loc is not None:
@@ -102,6 +111,57 @@ class LogDetSignReversed(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"linear": e["linear"], "exp": e["exp"], "op": e.get("op"),
                           "bounded": e.get("bounded"), "params": pids[:16]})
+
+
+    def _log_beside_power(self, a, e, pids):
+        """The finding for a scale S whose log and positive power the loss holds with one sign
+        (a Gaussian KL's log term flipped): at the one statement of the script that takes both
+        the log and a power of one name, else at the loss's assignment."""
+        loc, said = e.loc, "the loss"
+        if loc is not None:
+            assigned = a.source.loss_assignment(loc.path, loc.line)
+            if assigned is not None:
+                loc, said = Location(loc.path, assigned[0]), f"`{assigned[1]}`"
+            found = _log_and_power_statement(a, e.loc.path)
+            if found is not None:
+                loc = Location(e.loc.path, found[0])
+        scale = found[1] if e.loc is not None and found is not None else "S"
+        sign = "+" if e["linear"] > 0 else "-"
+        return self.finding(
+            f"the loss backpropagated through {said} holds {sign}log({scale}) of a scale made from "
+            f"{a.names(pids)}, and {scale} ** 2 with the same sign: both terms fall as "
+            f"{scale} shrinks, log({scale}) without end, so the optimizer drives {scale} to 0. A "
+            f"Gaussian KL(N(mu, {scale}) || N(0, s0)) is log(s0 / {scale}) + ({scale}**2 + mu**2) / "
+            f"(2 * s0**2) - 1/2: its log({scale}) enters with a minus",
+            loc, step=a.next_step_number(e.seq),
+            fix=(f"give log({scale}) the opposite sign of {scale} ** 2: "
+                 f"log(s0) - log({scale}) + ({scale}**2 + mu**2) / (2 * s0**2) - 0.5"),
+            evidence={"linear": e["linear"], "power": e["exp"], "op": e.get("op"), "params": pids[:16]})
+
+
+def _log_and_power_statement(a, path):
+    """``(line of the log, name)`` of the one statement of the script that takes both the log
+    (``x.log()``, ``torch.log(x)``) and a power (``x ** 2``, ``x.pow(2)``) of one name, else None."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    found = []
+    for stmt in ast.walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.AnnAssign)) or stmt.value is None:
+            continue
+        logs, powers = {}, set()
+        for n in ast.walk(stmt.value):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "log":
+                arg = n.func.value if not n.args else n.args[0]  # x.log() / torch.log(x)
+                if isinstance(arg, ast.Name):
+                    logs.setdefault(arg.id, n.lineno)
+            elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and isinstance(n.left, ast.Name):
+                powers.add(n.left.id)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pow" \
+                    and isinstance(n.func.value, ast.Name):
+                powers.add(n.func.value.id)  # x.pow(2)
+        found.extend((line, name) for name, line in logs.items() if name in powers)
+    return found[0] if len(found) == 1 else None
 
 
 _LOG_DET = re.compile(r"-\s*\(?\s*(?:\w+\.)*\w*(?:log_?det|log_?abs_?det|ldj|log_?jac)\w*", re.IGNORECASE)

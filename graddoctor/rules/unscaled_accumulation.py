@@ -84,7 +84,8 @@ class UnscaledAccumulation(Rule):
     window's token count or weighted by each micro-batch's share of the window; several
     losses of one forward before one step; DDP's `no_sync()` and FSDP's accumulation;
     hand-written static loss scaling; per-time-step losses weighted by different returns
-    (REINFORCE's `(-log p * R).backward()` over an episode), which weigh terms, not micro-batches.
+    (REINFORCE's `(-log p * R).backward()` over an episode), which weigh terms, not micro-batches;
+    an attack's repeated backwards that compute an input's gradient (PGD's `delta.grad`).
     """
 
     code = "GD204"
@@ -186,6 +187,11 @@ class UnscaledAccumulation(Rule):
             verdicts: dict[str, list] = {"bad": [], "good": [], "odd": [], "unknown": []}
             for w in judged:
                 last = w.group[-1]
+                if all(b.get("extra_leaves") for b in w.group):
+                    # an attack's steps, each writing the perturbation's .grad (PGD's delta):
+                    # not micro-batches; attack-grads-applied judges their parameter gradients
+                    verdicts["unknown"].append(w)
+                    continue
                 if any(last.seq < g.seq < w.step.seq and g["opt"] == opt for g in edits) or any(
                         last.seq < c.seq < w.step.seq and owned.intersection(c["edited"])
                         for c in edited_clips):
