@@ -52,6 +52,34 @@ def test_alternating_masks_and_a_flow_still_at_the_identity_are_not():
     assert _told(_flow(lambda i: same, scale=0.0)) == []  # every column equal: no verdict
 
 
+def _masked_flow(masks, zero):
+    """normflows' MaskedAffineFlow: the kept half ``b * z``, the other ``(1 - b) * (z - t) *
+    exp(-s)``; the data reach the graph only masked (``b * x`` read by the first layer's nets)."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 2)
+    z, log_det = x, 0
+    for b in reversed(masks):
+        s_net, t_net = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+        if zero:
+            for net in (s_net, t_net):
+                torch.nn.init.zeros_(net.weight)
+                torch.nn.init.zeros_(net.bias)
+        z_masked = b * z
+        scale, trans = s_net(z_masked), t_net(z_masked)
+        z = z_masked + (1 - b) * (z - trans) * torch.exp(-scale)
+        log_det = log_det - ((1 - b) * scale).sum(1)
+    return -(-0.5 * (z ** 2).sum(1) + log_det).mean()
+
+
+def test_a_masked_flow_still_at_the_identity_is_not_judged_on_the_half_its_data_show():
+    b = torch.tensor([[1.0, 0.0]])
+    alternating = [b, 1 - b, b, 1 - b]
+    assert _told(_masked_flow(alternating, zero=True)) == []  # only x's kept column is visible
+    assert _told(_masked_flow(alternating, zero=False)) == []
+    told, = _told(_masked_flow([b] * 4, zero=False))  # the same mask in every layer
+    assert told["dims"] == [0]
+
+
 def test_the_rule_warns_with_the_columns():
     t = builder()
     t.put(ev.flow_identity_dims(dims=[0], features=2, line=9), line=9)

@@ -89,6 +89,17 @@ def test_the_watcher_is_silent_on_a_bottleneck_an_activation_a_frozen_first_laye
     assert _stacks(HandRelu, torch.randn(4, 6)) == []
 
 
+def test_a_dropout_that_passes_its_input_through_does_not_hide_the_activation_before_it():
+    # Dropout(0.) hands back the tensor it was given: its grad_fn is the GELU's (a ViT's
+    # FeedForward, LayerNorm -> Linear -> GELU -> Dropout(0.) -> Linear -> Dropout(0.))
+    assert _stacks(lambda: nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.),
+                                          nn.Linear(16, 8), nn.Dropout(0.)), torch.randn(4, 5, 8)) == []
+    # with no activation, a pass-through dropout between two layers still leaves a stack
+    found = _stacks(lambda: nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.), nn.Linear(16, 16),
+                                          nn.ReLU(), nn.Linear(16, 2)), torch.randn(4, 6))
+    assert [(e["widths"], e["between"]) for e in found] == [([6, 16, 16], [])]
+
+
 def test_the_watcher_is_silent_on_an_output_read_by_several_layers_or_by_another_model():
     class Fanned(nn.Module):  # a's output read by q and by k: the fan-out alone silences it
         def __init__(self):

@@ -15,7 +15,11 @@ that the graph's products save (the first layer's ``x * exp(s)``, a conditioner'
 reading one half). When some feature columns of the latent equal a data column exactly, every
 row (a column that varies), while others differ (a flow whose layers all start as the identity — zero-initialised scale and
 shift networks — equals the data everywhere: no verdict until they move), a
-``flow_identity_dims`` aside names them.
+``flow_identity_dims`` aside names them. While every ``exp`` the graph saves is exactly one
+(zero-initialised scale networks), no verdict: the flow is still the identity, and where the
+data reach the graph only masked (``b * x``, the masked-out half zeroed, as in normflows'
+``MaskedAffineFlow``), a latent column with no data column to match is not evidence that a
+layer transformed it.
 """
 
 from __future__ import annotations
@@ -42,10 +46,15 @@ class FlowIdentityWatcher(LossGraphReader):
         seen = {id(root)}
         queue = [root]
         latents, data = [], []
+        scales_at_zero = None  # every exp the graph saves is exactly one (None: no exp)
         while queue and len(seen) < _NODES:
             node = queue.pop()
             name = type(node).__name__
-            if name == "PowBackward0" and getattr(node, "_saved_exponent", None) == 2:
+            if name == "ExpBackward0" and scales_at_zero is not False:
+                r = saved(node, "_saved_result")
+                if isinstance(r, torch.Tensor) and r.device.type == "cpu":
+                    scales_at_zero = bool((r == 1).all())
+            elif name == "PowBackward0" and getattr(node, "_saved_exponent", None) == 2:
                 z = saved(node, "_saved_self")
                 if isinstance(z, torch.Tensor) and z.dim() == 2 and z.requires_grad:
                     latents.append(z)
@@ -60,6 +69,12 @@ class FlowIdentityWatcher(LossGraphReader):
                 if child is not None and id(child) not in seen:
                     seen.add(id(child))
                     queue.append(child)
+        if scales_at_zero:
+            # the coupling layers' scale networks still output zero (zero-initialised, before
+            # their first update): the flow is the identity, and the data its first layer reads
+            # may be its kept half only (``b * x``), the other half not saved anywhere: a latent
+            # column without a match there is not shown transformed. Judged once they move.
+            return
         for z in latents:
             if z.shape[0] < _MIN_ROWS or not 2 <= z.shape[1] <= _COLUMNS or z.device.type != "cpu":
                 continue

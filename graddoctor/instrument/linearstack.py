@@ -135,6 +135,11 @@ class LinearStackWatcher:
             if node is None:
                 return None
             if not linear:  # a dropout module's mask product: linear in what it is given
+                # a dropout that passes its input through (p=0, as ViTs and x-transformers
+                # default to) hands back the tensor it was given: its grad_fn is the op before
+                # it (the activation), which is not the dropout's to vouch for
+                if args and isinstance(args[0], torch.Tensor) and args[0].grad_fn is node:
+                    return None
                 if len(self._dropped) < _NOTED:
                     self._dropped[id(node)] = node
                 return None

@@ -41,7 +41,7 @@ class FlowDimensionUntransformed(Rule):
     ## Stays silent on
     One mask for every layer with a flip or a permutation between layers; alternating masks or
     halves; a flow whose layers are still the identity (zero-initialised scale and shift
-    networks, before the first update); latents of another shape than the data (a squeeze, a
+    networks, before the first update: no verdict while every `exp` of the graph is one); latents of another shape than the data (a squeeze, a
     multi-scale flow that factors out coordinates: not judged).
     """
 

@@ -47,7 +47,8 @@ class LinearLayersCollapse(Rule):
     layer of one model reading another model's output (a predictor head on an encoder's last
     layer: the two layers are not children of one module);
     layers a library's model places (transformers, timm); layers built from `F.linear` by hand;
-    one output read by several linear layers (q, k, v; a gate and its value); a stack where no
+    one output read by several linear layers (q, k, v; a gate and its value); an activation
+    followed by a dropout with p=0 (a ViT's default: it hands back its input); a stack where no
     activation was evidently meant (a demo's `model(x).sum().backward()`; two linear layers
     before a loss in a model with no activation anywhere: a toy, or linear on purpose).
     """
