@@ -111,6 +111,9 @@ class ScriptSource:
     def loss_term_assignment(self, path: str, line: int) -> tuple[int, str] | None:
         return loss_term_assignment(self.full(path), line)
 
+    def accumulated_term(self, path: str, line: int, after: int) -> tuple[int, str] | None:
+        return accumulated_term(self.full(path), line, after)
+
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
@@ -2005,6 +2008,44 @@ def loss_term_assignment(path: str, line: int, framework: bool = False) -> tuple
         return found
     node = next(n for ln, n in assignments if ln == at)
     return at, ast.unparse(node).strip()
+
+
+def accumulated_term(path: str, line: int, after: int) -> tuple[int, str] | None:
+    """When the statement on ``line`` only adds one named term to a running sum (``total =
+    total + task_loss``, ``total += task_loss``), ``(line, text)`` of the last assignment to that
+    term above it, below ``after``, in the same function: the statement that computes it. None
+    otherwise."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    stmt = next((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
+                 and n.lineno == line), None)
+    if stmt is None:
+        return None
+    if isinstance(stmt, ast.AugAssign):
+        if not (isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name)):
+            return None
+        total, term = stmt.target.id, stmt.value
+    else:
+        if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+            return None
+        total, value = stmt.targets[0].id, stmt.value
+        if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+            return None
+        sides = [value.left, value.right]
+        rest = [side for side in sides if not (isinstance(side, ast.Name) and side.id == total)]
+        if len(rest) != 1:
+            return None
+        term = rest[0]
+    if not isinstance(term, ast.Name) or term.id == total:
+        return None
+    found = [n for n in walk(scope) if isinstance(n, ast.Assign) and after < n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == term.id for t in n.targets)]
+    if not found:
+        return None
+    node = max(found, key=lambda n: n.lineno)
+    return node.lineno, ast.unparse(node).strip()
 
 
 def item_term(path: str, line: int) -> tuple[int, str] | None:
