@@ -249,8 +249,8 @@ def test_a_loss_input_counts_as_made_from_the_matrix_through_elementwise_ops_onl
     b = torch.randn(5, 4)
     d = torch.cdist(a, b)
     nodes = {id(d.grad_fn): d.grad_fn}
-    assert _from_matrix((-(d.pow(2)) / 2.0).grad_fn, nodes)
-    assert _from_matrix(d.grad_fn, nodes)
-    assert not _from_matrix(torch.log_softmax(-d, dim=1).grad_fn, nodes)
-    assert not _from_matrix((a @ b.t()).grad_fn, nodes)
-    assert not _from_matrix(None, nodes)
+    assert _from_matrix((-(d.pow(2)) / 2.0).grad_fn, nodes) is d.grad_fn
+    assert _from_matrix(d.grad_fn, nodes) is d.grad_fn
+    assert _from_matrix(torch.log_softmax(-d, dim=1).grad_fn, nodes) is None
+    assert _from_matrix((a @ b.t()).grad_fn, nodes) is None
+    assert _from_matrix(None, nodes) is None

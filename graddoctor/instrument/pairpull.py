@@ -155,10 +155,12 @@ class _Mark:
     """A mask made from a label comparison: its labels, and each line that made it (with
     whether that line flipped its meaning)."""
 
-    __slots__ = ("labels", "chain")
+    __slots__ = ("labels", "chain", "matrix")
 
-    def __init__(self, labels: _Labels, chain: tuple):
-        self.labels, self.chain = labels, chain
+    def __init__(self, labels: _Labels, chain: tuple, matrix: int | None = None):
+        # ``matrix``: the id of the autograd node of the one matrix these labels are for (a
+        # cross_entropy's class targets), None for a comparison's labels (any matrix they meet)
+        self.labels, self.chain, self.matrix = labels, chain, matrix
 
 
 class _Meeting:
@@ -271,17 +273,20 @@ _ELEMENTWISE = ("NegBackward", "MulBackward", "DivBackward", "PowBackward", "Sqr
 _STEPS = 6  # ops between the matrix and the loss's input, at most
 
 
-def _from_matrix(node, matrices: dict, steps: int = _STEPS) -> bool:
-    """Whether autograd node ``node`` is one of ``matrices`` or reaches one through at most
-    ``steps`` elementwise ops."""
+def _from_matrix(node, matrices: dict, steps: int = _STEPS):
+    """The node of ``matrices`` that autograd node ``node`` is, or reaches through at most
+    ``steps`` elementwise ops; None when there is none."""
     if node is None:
-        return False
+        return None
     if id(node) in matrices and matrices[id(node)] is node:
-        return True
+        return node
     if steps <= 0 or not type(node).__name__.rstrip("0123456789").startswith(_ELEMENTWISE):
-        return False
-    return any(_from_matrix(parent, matrices, steps - 1)
-               for parent, _ in node.next_functions if parent is not None)
+        return None
+    for parent, _ in node.next_functions:
+        found = _from_matrix(parent, matrices, steps - 1) if parent is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 class PairPullWatcher:
@@ -573,11 +578,12 @@ class PairPullWatcher:
                 or x.shape[0] != target.shape[0] or x.shape[0] < _MIN_ROWS or x.shape[1] < _MIN_ROWS \
                 or x.numel() > _ELEMENTS or not x.requires_grad:
             return None
-        if not _from_matrix(x.grad_fn, self._forward.nodes):
+        node = _from_matrix(x.grad_fn, self._forward.nodes)
+        if node is None:
             return None
         labels = _Labels(target.detach().reshape(-1).clone(), torch.arange(x.shape[1]), True,
                          classes=True)
-        return _Mark(labels, ((None, False),))
+        return _Mark(labels, ((None, False),), matrix=id(node))
 
     # -- the pairwise matrices ---------------------------------------------------------------
     def _made(self, fn: str, distance: bool):
@@ -631,7 +637,8 @@ class PairPullWatcher:
             forward.nodes[id(result.grad_fn)] = result.grad_fn
         watcher = self
         key = (loc.path, loc.line)
-        spec = (fn, distance, bool(itself), loc, key, forward)
+        spec = (fn, distance, bool(itself), loc, key, forward,
+                id(result.grad_fn) if result.grad_fn is not None else None)
 
         def hook(grad, spec=spec):
             try:
@@ -644,11 +651,13 @@ class PairPullWatcher:
         _register_hook(result, hook)
 
     def _judge(self, spec, grad) -> None:
-        fn, distance, itself, loc, key, forward = spec
+        fn, distance, itself, loc, key, forward, node = spec
         if key in self._told:
             return
         shape = tuple(grad.shape)
-        meetings = [m for m in forward.meetings if m.shape == shape]
+        # a cross_entropy's class targets label only the matrix its input was made from
+        meetings = [m for m in forward.meetings if m.shape == shape
+                    and (m.mark.matrix is None or m.mark.matrix == node)]
         if not meetings:
             return
         labels = meetings[0].mark.labels
