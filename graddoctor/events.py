@@ -231,7 +231,8 @@ pair_pull          how ("self": a distance's self-pairs pushed apart; "both": on
                    similarity), shape (the matrix's sizes), same_pairs (pairs sharing a label),
                    push_same, push_diff, pull_same, pull_diff (the gradient's push and pull per
                    pair of each side, distance orientation), matrix_line (the line that made the
-                   matrix) — a pairwise loss over a batch's compared labels whose gradient moves
+                   matrix), classes (the labels are a ``cross_entropy``'s class targets over the
+                   matrix's columns, prototypes or candidates, not a comparison) — a pairwise loss over a batch's compared labels whose gradient moves
                    the pairs the wrong way, at each of the first 3 backwards (at least 2), once
                    per matrix line (loc: the line to change; an aside; instrument/pairpull.py)
 self_match         size (N of the (N, N) input), on_diagonal (the share of rows whose maximum is
@@ -1940,11 +1941,11 @@ def pair_labels(*, how: str, fn: str, rows: int, columns: int, label: int | None
 
 def pair_pull(*, how: str, fn: str, distance: bool, shape: list[int], same_pairs: int,
               push_same: float, push_diff: float, pull_same: float, pull_diff: float,
-              matrix_line: int) -> Made:
+              matrix_line: int, classes: bool = False) -> Made:
     return "pair_pull", {"how": how, "fn": fn, "distance": distance, "shape": shape,
                          "same_pairs": same_pairs, "push_same": push_same, "push_diff": push_diff,
                          "pull_same": pull_same, "pull_diff": pull_diff,
-                         "matrix_line": matrix_line}
+                         "matrix_line": matrix_line, "classes": classes}
 
 
 def self_match(*, size: int, on_diagonal: float) -> Made:

@@ -220,3 +220,29 @@ def test_the_rule_points_past_a_rescale_of_the_loss_at_the_statement_of_its_term
     monkeypatch.chdir(tmp_path)
     f = only(_trace(), SLUG)
     assert f.location.line == 12 and "crit(model(xq), yq)" in f.message
+
+
+def test_the_rule_points_past_a_running_sum_at_the_statement_of_its_term(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    lines = ["x = 0"] * 20
+    lines[10] = "g = grad(loss, x, create_graph=True)"
+    lines[11] = "query_loss = crit(model(xq), yq)"
+    lines[12] = "meta_loss = meta_loss + query_loss"
+    lines[13] = "meta_loss.backward()"
+    script.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_trace(), SLUG)
+    assert f.location.line == 12 and "crit(model(xq), yq)" in f.message
+
+
+def test_a_term_assigned_before_the_grad_call_is_not_followed(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    lines = ["x = 0"] * 20
+    lines[9] = "penalty = crit(model(xq), yq)"
+    lines[10] = "g = grad(loss, x, create_graph=True)"
+    lines[12] = "total = total + penalty"
+    lines[13] = "total.backward()"
+    script.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_trace(), SLUG)
+    assert f.location.line == 13 and "total = total + penalty" in f.message

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from graddoctor import events as ev
 from graddoctor.findings import Severity
-from graddoctor.instrument.pairpull import _Labels, _Mark, _Meeting, judge, pointed
+from graddoctor.instrument.pairpull import _Labels, _Mark, _Meeting, _from_matrix, judge, pointed
 from graddoctor.trace import Location, TraceBuilder
 from rule_traces import P, findings, only
 
@@ -191,3 +191,66 @@ def test_when_every_meeting_is_wrong_the_flip_they_share_is_pointed_at():
     # no meeting carries the wrong pairs: nothing to point at
     three.support = ~wrong
     assert pointed([three], wrong, torch.zeros_like(wrong)) is None
+
+
+PROTO_SCRIPT = """\
+import torch
+model = make()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    dists = torch.cdist(query_emb, protos) ** 2
+    logits = dists
+    loss = F.cross_entropy(logits, query_labels)
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def _class_event():
+    return ev.pair_pull(how="both", fn="cdist", distance=True, shape=[25, 5], same_pairs=25,
+                        push_same=0.1, push_diff=0.0, pull_same=0.0, pull_diff=0.05,
+                        matrix_line=5, classes=True)
+
+
+def test_class_targets_over_distances_point_at_the_statement_that_makes_the_logits(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(PROTO_SCRIPT)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=3)
+    t.put(_class_event(), 7)  # the cross_entropy's line
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 6
+    assert "cross_entropy at line 7" in f.message and "line 5" in f.message
+    assert "`logits = dists`" in f.message
+    assert "`logits = -dists`" in f.fix and f.evidence["classes"] is True
+
+
+def _ce_grad(logits_of):
+    torch.manual_seed(4)
+    query, protos = torch.randn(20, 6), torch.randn(5, 6)
+    target = torch.arange(5).repeat_interleave(4)
+    d = torch.cdist(query, protos).requires_grad_()
+    F.cross_entropy(logits_of(d), target).backward()
+    return d.grad, _Labels(target, torch.arange(5), True, classes=True)
+
+
+def test_class_targets_label_each_row_with_its_column_and_judge_the_sign_of_the_logits():
+    grad, labels = _ce_grad(lambda d: -d.pow(2))
+    assert not labels.self_pairs() and int(labels.same().sum()) == 20
+    assert judge(grad, labels.same(), True, labels.self_pairs())[0] is None
+    grad, labels = _ce_grad(lambda d: d / 0.5)
+    assert judge(grad, labels.same(), True, labels.self_pairs())[0] == "both"
+
+
+def test_a_loss_input_counts_as_made_from_the_matrix_through_elementwise_ops_only():
+    a = torch.randn(8, 4, requires_grad=True)
+    b = torch.randn(5, 4)
+    d = torch.cdist(a, b)
+    nodes = {id(d.grad_fn): d.grad_fn}
+    assert _from_matrix((-(d.pow(2)) / 2.0).grad_fn, nodes) is d.grad_fn
+    assert _from_matrix(d.grad_fn, nodes) is d.grad_fn
+    assert _from_matrix(torch.log_softmax(-d, dim=1).grad_fn, nodes) is None
+    assert _from_matrix((a @ b.t()).grad_fn, nodes) is None
+    assert _from_matrix(None, nodes) is None

@@ -111,6 +111,12 @@ class ScriptSource:
     def loss_term_assignment(self, path: str, line: int) -> tuple[int, str] | None:
         return loss_term_assignment(self.full(path), line)
 
+    def accumulated_term(self, path: str, line: int, after: int) -> tuple[int, str] | None:
+        return accumulated_term(self.full(path), line, after)
+
+    def zipped_unread(self, path: str, line: int) -> list[tuple[str, list[str], list[int]]]:
+        return zipped_unread(self.full(path), line)
+
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
@@ -2008,6 +2014,87 @@ def loss_term_assignment(path: str, line: int, framework: bool = False) -> tuple
         return found
     node = next(n for ln, n in assignments if ln == at)
     return at, ast.unparse(node).strip()
+
+
+def zipped_unread(path: str, line: int) -> list[tuple[str, list[str], list[int]]]:
+    """For the ``for`` statement on ``line`` that unpacks ``zip(a, b, ...)`` (also inside
+    ``enumerate``), each argument of the zip whose unpacked names (``(xv, yv)`` for ``val_loader``)
+    nothing reads, neither the loop's body nor its function after the loop, while the names of
+    another argument are read: ``[(the argument's text, its names, the lines that read the
+    names of the others)]``. Names starting with ``_`` are left out (unused on purpose; an
+    argument bound only to such names is never reported). [] otherwise."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    loop = next((n for n in walk(tree) if isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno == line), None)
+    if loop is None:
+        return []
+    target, source = loop.target, loop.iter
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and source.func.id == "enumerate" \
+            and source.args and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+        source, target = source.args[0], target.elts[1]
+    if not (isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and source.func.id == "zip"
+            and len(source.args) >= 2 and not any(isinstance(x, ast.Starred) for x in source.args)
+            and isinstance(target, ast.Tuple) and len(target.elts) == len(source.args)):
+        return []
+    scope = _enclosing_function(tree, line)
+    after = loop.end_lineno or loop.lineno
+    reads: dict[str, list[int]] = {}
+    for node in walk(scope):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.lineno > loop.lineno:
+            reads.setdefault(node.id, []).append(node.lineno)
+    groups = []
+    for arg, elt in zip(source.args, target.elts):
+        names = [n.id for n in walk(elt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        groups.append((ast.unparse(arg), names))
+    found = []
+    for i, (text, names) in enumerate(groups):
+        mine = [n for n in names if not n.startswith("_")]
+        if not mine or any(reads.get(n) for n in mine):
+            continue
+        others = sorted({ln for j, (_, other) in enumerate(groups) if j != i
+                         for n in other for ln in reads.get(n, ()) if ln <= after})
+        if others:
+            found.append((text, mine, others))
+    return found
+
+
+def accumulated_term(path: str, line: int, after: int) -> tuple[int, str] | None:
+    """When the statement on ``line`` only adds one named term to a running sum (``total =
+    total + task_loss``, ``total += task_loss``), ``(line, text)`` of the last assignment to that
+    term above it, below ``after``, in the same function: the statement that computes it. None
+    otherwise."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    stmt = next((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
+                 and n.lineno == line), None)
+    if stmt is None:
+        return None
+    if isinstance(stmt, ast.AugAssign):
+        if not (isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name)):
+            return None
+        total, term = stmt.target.id, stmt.value
+    else:
+        if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+            return None
+        total, value = stmt.targets[0].id, stmt.value
+        if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+            return None
+        sides = [value.left, value.right]
+        rest = [side for side in sides if not (isinstance(side, ast.Name) and side.id == total)]
+        if len(rest) != 1:
+            return None
+        term = rest[0]
+    if not isinstance(term, ast.Name) or term.id == total:
+        return None
+    found = [n for n in walk(scope) if isinstance(n, ast.Assign) and after < n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == term.id for t in n.targets)]
+    if not found:
+        return None
+    node = max(found, key=lambda n: n.lineno)
+    return node.lineno, ast.unparse(node).strip()
 
 
 def item_term(path: str, line: int) -> tuple[int, str] | None:

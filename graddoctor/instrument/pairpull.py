@@ -25,7 +25,10 @@ The invariant, over what the run observes at its first ``_WINDOWS`` backwards:
   one. It counts only where it *meets* a value with gradient of the matrix's shape (a
   product, ``masked_fill``, ``torch.where``, a loss function's target): the loss reads the
   pairs through those labels. Which pairs share a label is computed here, from the compared
-  labels, whatever the script's mask says.
+  labels, whatever the script's mask says. A ``cross_entropy`` whose input (N, M) is made from
+  the matrix by a few elementwise ops (a sign, a scale, a square) and whose target holds class
+  indices labels the pairs too: row i and column ``target[i]`` are its same-label pair (a
+  prototypical network's query and its class's prototype, a retrieval's positive candidate).
 * **Verdict.** In distance orientation (a similarity's gradient negated), the gradient's
   negative part pushes a pair apart and its positive part pulls it together. Reversed when
   (``judge``): a distance's self-pairs (the diagonal of ``cdist(z, z)``) are pushed apart, for
@@ -129,10 +132,10 @@ class _Labels:
     """The labels a comparison saw: ``rows``/``cols`` (1-D, CPU copies) of every pair
     (``outer``) or of the rows compared one to one."""
 
-    __slots__ = ("rows", "cols", "outer")
+    __slots__ = ("rows", "cols", "outer", "classes")
 
-    def __init__(self, rows, cols, outer: bool):
-        self.rows, self.cols, self.outer = rows, cols, outer
+    def __init__(self, rows, cols, outer: bool, classes: bool = False):
+        self.rows, self.cols, self.outer, self.classes = rows, cols, outer, classes
 
     def same(self):
         if self.outer:
@@ -143,6 +146,8 @@ class _Labels:
         return (len(self.rows), len(self.cols)) if self.outer else (len(self.rows),)
 
     def self_pairs(self) -> bool:
+        if self.classes:
+            return False  # rows are samples, columns classes: no sample meets itself
         return self.outer and len(self.rows) == len(self.cols) and bool(torch.equal(self.rows, self.cols))
 
 
@@ -150,10 +155,12 @@ class _Mark:
     """A mask made from a label comparison: its labels, and each line that made it (with
     whether that line flipped its meaning)."""
 
-    __slots__ = ("labels", "chain")
+    __slots__ = ("labels", "chain", "matrix")
 
-    def __init__(self, labels: _Labels, chain: tuple):
-        self.labels, self.chain = labels, chain
+    def __init__(self, labels: _Labels, chain: tuple, matrix: int | None = None):
+        # ``matrix``: the id of the autograd node of the one matrix these labels are for (a
+        # cross_entropy's class targets), None for a comparison's labels (any matrix they meet)
+        self.labels, self.chain, self.matrix = labels, chain, matrix
 
 
 class _Meeting:
@@ -166,10 +173,12 @@ class _Meeting:
 class _Forward:
     """What one forward made: its meetings, in order."""
 
-    __slots__ = ("meetings", "carriers", "matrices", "window")
+    __slots__ = ("meetings", "carriers", "matrices", "window", "nodes")
 
     def __init__(self, window: int):
         self.meetings: list = []
+        # the autograd nodes of the matrices made (kept: their ids stay theirs meanwhile)
+        self.nodes: dict = {}
         # ids of the carriers met and ("matrix", id) of the matrices hooked (alive while their
         # hooks are: an id is not reused meanwhile)
         self.carriers: set = set()
@@ -253,6 +262,31 @@ def pointed(meetings, wrong_pairs, right_pairs):
     if len(locs) == 1:
         return wrong[0].loc
     return shared[0][0] if shared else None
+
+
+# elementwise ops a cross_entropy's input may pass through from the matrix: a sign, a scale, a
+# power, a shift, a clamp, a root, a copy or a reshape (the columns stay the matrix's)
+_ELEMENTWISE = ("NegBackward", "MulBackward", "DivBackward", "PowBackward", "SqrtBackward",
+                "AddBackward", "SubBackward", "RsubBackward", "ClampBackward", "ClampMinBackward",
+                "CloneBackward", "ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward",
+                "ToCopyBackward", "ExpandBackward")
+_STEPS = 6  # ops between the matrix and the loss's input, at most
+
+
+def _from_matrix(node, matrices: dict, steps: int = _STEPS):
+    """The node of ``matrices`` that autograd node ``node`` is, or reaches through at most
+    ``steps`` elementwise ops; None when there is none."""
+    if node is None:
+        return None
+    if id(node) in matrices and matrices[id(node)] is node:
+        return node
+    if steps <= 0 or not type(node).__name__.rstrip("0123456789").startswith(_ELEMENTWISE):
+        return None
+    for parent, _ in node.next_functions:
+        found = _from_matrix(parent, matrices, steps - 1) if parent is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 class PairPullWatcher:
@@ -514,13 +548,16 @@ class PairPullWatcher:
 
     def _targeted(self, fn: str):
         def before(args, kwargs) -> None:
-            if not self._open or self._busy or not self._marks:
+            if not self._open or self._busy or not (self._marks or (
+                    fn == "cross_entropy" and self._forward.nodes)):
                 return
             self._busy = True
             try:
                 x = args[0] if args else kwargs.get("input")
                 target = args[1] if len(args) > 1 else kwargs.get("target")
                 mark = self._mark_of(target)
+                if mark is None and fn == "cross_entropy":
+                    mark = self._class_mark(x, target)
                 if mark is not None and isinstance(x, torch.Tensor) and x.requires_grad \
                         and torch.is_grad_enabled() and tuple(x.shape) == mark.labels.shape():
                     self._meet(mark, x, 2)  # before <- wrapper
@@ -530,6 +567,23 @@ class PairPullWatcher:
             finally:
                 self._busy = False
         return before
+
+    def _class_mark(self, x, target):
+        """The pairs a ``cross_entropy`` over the matrix labels by its class targets: row i's
+        same-label pair is column ``target[i]``. Only when its input comes from a matrix of this
+        forward through a few elementwise ops (``-d``, ``d ** 2``, ``d / tau``)."""
+        if not (isinstance(x, torch.Tensor) and isinstance(target, torch.Tensor)) \
+                or x.dim() != 2 or target.dim() != 1 or target.is_floating_point() \
+                or target.dtype == torch.bool or not (_cpu(x) and _cpu(target)) \
+                or x.shape[0] != target.shape[0] or x.shape[0] < _MIN_ROWS or x.shape[1] < _MIN_ROWS \
+                or x.numel() > _ELEMENTS or not x.requires_grad:
+            return None
+        node = _from_matrix(x.grad_fn, self._forward.nodes)
+        if node is None:
+            return None
+        labels = _Labels(target.detach().reshape(-1).clone(), torch.arange(x.shape[1]), True,
+                         classes=True)
+        return _Mark(labels, ((None, False),), matrix=id(node))
 
     # -- the pairwise matrices ---------------------------------------------------------------
     def _made(self, fn: str, distance: bool):
@@ -579,9 +633,12 @@ class PairPullWatcher:
             return  # torch's own call inside the script's (``@`` calls torch.matmul)
         forward.carriers.add(("matrix", id(result)))
         forward.matrices += 1
+        if result.grad_fn is not None and result.dim() == 2:
+            forward.nodes[id(result.grad_fn)] = result.grad_fn
         watcher = self
         key = (loc.path, loc.line)
-        spec = (fn, distance, bool(itself), loc, key, forward)
+        spec = (fn, distance, bool(itself), loc, key, forward,
+                id(result.grad_fn) if result.grad_fn is not None else None)
 
         def hook(grad, spec=spec):
             try:
@@ -594,11 +651,13 @@ class PairPullWatcher:
         _register_hook(result, hook)
 
     def _judge(self, spec, grad) -> None:
-        fn, distance, itself, loc, key, forward = spec
+        fn, distance, itself, loc, key, forward, node = spec
         if key in self._told:
             return
         shape = tuple(grad.shape)
-        meetings = [m for m in forward.meetings if m.shape == shape]
+        # a cross_entropy's class targets label only the matrix its input was made from
+        meetings = [m for m in forward.meetings if m.shape == shape
+                    and (m.mark.matrix is None or m.mark.matrix == node)]
         if not meetings:
             return
         labels = meetings[0].mark.labels
@@ -620,6 +679,7 @@ class PairPullWatcher:
         at = pointed(meetings, wrong_pairs, right_pairs) or meetings[0].mark.chain[0][0] or loc
         made = ev.pair_pull(how=how, fn=fn, distance=distance, shape=list(shape),
                             same_pairs=int(same.sum()), push_same=push_same, push_diff=push_diff,
-                            pull_same=pull_same, pull_diff=pull_diff, matrix_line=loc.line)
+                            pull_same=pull_same, pull_diff=pull_diff, matrix_line=loc.line,
+                            classes=labels.classes)
         self._ready.append((key, made, at))
         self.rec.resume(STEPPED, self.after_step)

@@ -13,7 +13,9 @@ class GradGraphUnused(Rule):
     `torch.autograd.grad`) goes through the graph of the gradients that call returned, at every
     step the call ran (two at least, in the first six steps). It points at the
     statement that computes the loss backpropagated (`loss = ...` for `loss.backward()`, after
-    the call) when the script has one, else at the `autograd.grad` call.
+    the call; the statement of the term when that loss only sums one term per task,
+    `meta_loss = meta_loss + query_loss`) when the script has one, else at the
+    `autograd.grad` call.
 
     ## Why is this bad?
     `create_graph=True` is asked for so that the update differentiates through the gradient:
@@ -71,6 +73,9 @@ class GradGraphUnused(Rule):
                 # past a rescale (``meta_loss = meta_loss / tasks``): the statement of its terms
                 found = a.source.loss_term_assignment(loc.path, backward_loc.line)
                 if found is not None and found[0] > loc.line:
+                    # a sum of per-task losses (``meta_loss = meta_loss + query_loss``): the
+                    # statement that computes the term
+                    found = a.source.accumulated_term(loc.path, found[0], loc.line) or found
                     # the loss that leaves the gradients out, computed after them: the line to change
                     loc, text = Location(loc.path, found[0]), found[1]
                     related.append(Related(e.loc, "the gradients taken with create_graph=True"))
