@@ -58,3 +58,15 @@ def test_a_fresh_scheduler_fast_forwarded_before_training_is_silent():
             t.step(line=94)
         sched(t, line=96)
     assert findings(t, "scheduler-before-optimizer") == []
+
+
+def test_a_fast_forwarded_scheduler_stepped_once_per_update_is_not_stepped_twice():
+    t = builder()
+    for _ in range(6):
+        sched(t, line=80)
+    for _ in range(5):
+        t.clear(P)
+        t.backward(fresh=P)
+        t.step(line=94)
+        sched(t, line=96)
+    assert findings(t, "scheduler-stepped-twice") == []
