@@ -802,8 +802,11 @@ label_offset       cls, inputs (attribute of the array a field of the sample equ
                    offset (int, not 0), samples (how many were compared), field (the label's
                    place in the batch: an index or a key) — a dataset whose samples pair each
                    row's input with another row's label, in a table whose rows have no order
-                   (row i + offset is no nearer row i than another row is); once per dataset
-                   (loc: the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+                   (row i + offset is no nearer row i than another row is); sliced ([rows,
+                   input start, label start] when the two are row slices of two tables of as
+                   many rows at different starts, `TensorDataset(x[:n], y[k:k + n])`, else
+                   None); once per dataset (loc: the dataset's ``__getitem__``, or where a
+                   sliced one was made; an aside; instrument/datasetreads.py)
 loader_rows        loader, base (the number of the dataset its samples come from, through
                    ``Subset``s and a ``SubsetRandomSampler``), rows (how many of its rows the
                    loader can serve), shared ([[loader, rows]]: earlier loaders over the same
@@ -2720,9 +2723,12 @@ def collate_reordered(*, collate: str, moved: Any, kept: Any, rows: int, displac
 
 
 def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
-                 field: Any) -> Made:
+                 field: Any, sliced: list | None = None) -> Made:
+    """``sliced``: ``[rows, input_start, label_start]`` when the dataset's two tensors are row
+    slices of two tables at different starts (``TensorDataset(x[:n], y[k:k + n])``), at the
+    dataset's construction."""
     return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
-                            "samples": samples, "field": field}
+                            "samples": samples, "field": field, "sliced": sliced}
 
 
 def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None) -> Made:

@@ -124,3 +124,13 @@ def test_a_crop_helper_called_twice_is_told_at_the_second_call():
     line = inspect.getsourcelines(augment)[1] + 2
     assert found.loc.line == line and found["moved"] == "mask"
     assert _events(lambda i, x, m: (_crop(x, 1, 2), _crop(m, 1, 2))) == []
+
+
+def test_a_one_hot_mask_put_channels_first_is_no_move():
+    onehot = lambda m: F.one_hot(m, 2).permute(2, 0, 1).float()  # noqa: E731
+    assert _events(lambda i, x, m: (x.flip(-1), onehot(m.flip(-1)))) == []
+    assert _events(lambda i, x, m: (x, F.one_hot(m, 2).movedim(-1, 0).contiguous().float())) == []
+    (apart,) = _events(lambda i, x, m: (x.flip(-1), onehot(m)))  # the image flipped alone
+    assert (apart["op"], apart["moved"]) == ("flip", "image")
+    (turned,) = _events(lambda i, x, m: (x, F.one_hot(m, 2).flip(0).permute(2, 0, 1).float()))
+    assert (turned["op"], turned["moved"]) == ("flip", "mask")  # rows of the one-hot flipped

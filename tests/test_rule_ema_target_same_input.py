@@ -16,7 +16,7 @@ _HEAD = "ema = AveragedModel(model)\n"
 
 
 def test_copies_are_read_from_deepcopy_and_update_loops():
-    assert averaged_copies(ast.parse("t = AveragedModel(s).eval()")) == {("t", "s")}
+    assert averaged_copies(ast.parse("t = AveragedModel(s).eval()")) == {("t", "s"), ("t.module", "s")}
     assert averaged_copies(ast.parse("t = copy.deepcopy(s)")) == set()  # a frozen reference
     loop = ("for a, b in zip(online.parameters(), target.parameters()):\n"
             "    b.data.mul_(0.99).add_(a.data, alpha=0.01)\n")
@@ -51,3 +51,10 @@ def test_a_gap_logged_under_no_grad_is_no_loss():
     # the target under no_grad and the loss outside it is the bug
     assert len(_hits(logged.replace("    gap = (p.detach() - tg).pow(2).mean()\n",
                                     "loss = ((p - tg) ** 2).mean()\n"))) == 1
+
+
+def test_the_averaged_models_module_is_the_copy():
+    assert len(_hits(_HEAD + "p = model(x, t)\nwith torch.no_grad():\n    tg = ema.module(x, t)\n"
+                     "loss = ((p - tg) ** 2).mean()")) == 1
+    assert _hits(_HEAD + "p = model(x2, t2)\nwith torch.no_grad():\n    tg = ema.module(x, t)\n"
+                 "loss = ((p - tg) ** 2).mean()") == []

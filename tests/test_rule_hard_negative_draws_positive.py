@@ -82,3 +82,13 @@ def test_a_memory_queue_carried_across_iterations_holds_no_positive(tmp_path):
     assert _found(tmp_path, loop.format(other="queue")) == []
     # the batch's own features, made in the loop (a temperature set before it is no bank)
     assert _found(tmp_path, loop.format(other="ft")) == [(5, "sim", 6)]
+
+
+def test_a_draw_returned_by_a_helper_is_judged_where_the_caller_indexes(tmp_path):
+    helper = "def mine(a, b):\n    w = (a @ b.t()).softmax(1)\n    return torch.multinomial(w, 1).squeeze(1)\n"
+    assert _found(tmp_path, helper + "def step(a, b):\n    return b[mine(a, b)]\n") == [(2, "w", 3)]
+    assert _found(tmp_path, helper + "def step(a, b):\n    idx = mine(a, b)\n    neg = b[idx]\n"
+                            "    return neg\n") == [(2, "w", 3)]
+    # the caller compares (an accuracy) or never indexes: no negative is drawn
+    assert _found(tmp_path, helper + "def acc(a, b, y):\n    return (y[mine(a, b)] == y).float()\n") == []
+    assert _found(tmp_path, helper + "def log(a, b):\n    print(mine(a, b))\n") == []

@@ -304,3 +304,34 @@ def test_the_statement_that_reordered_the_input_is_found():
     inline = ("for x, y in loader:\n"
               "    loss = criterion(model(x[torch.randperm(len(x))]), y)\n")
     assert input_reordered_at(ast.parse(inline), 2) is None
+def test_inputs_shuffled_before_the_split_without_their_labels():
+    import ast
+    import textwrap
+    from graddoctor.analysis.reorder import permuted_before_pairing
+
+    def found(code):
+        return permuted_before_pairing(ast.parse(textwrap.dedent(code)))
+
+    assert found("""
+        X, labels = make_data()
+        X = X[torch.randperm(len(X))]
+        train = TensorDataset(X[:800], labels[:800])
+    """) == [(3, "X", "labels", 4)]
+    assert found("""
+        def build():
+            X, y = load()
+            perm = np.random.permutation(len(X))
+            X = X[perm]
+            return TensorDataset(torch.as_tensor(X[:10]), torch.as_tensor(y[:10]))
+    """) == [(5, "X", "y", 6)]
+    assert found("""
+        X, labels = make_data()
+        perm = torch.randperm(len(X))
+        X, labels = X[perm], labels[perm]
+        negatives = X[torch.randperm(len(X))]
+        train = TensorDataset(X[:800], labels[:800], negatives[:800])
+        X2, y2 = make_data()
+        X2 = X2[torch.randperm(len(X2))]
+        y2 = y2[torch.randperm(len(y2))]
+        other = TensorDataset(X2, X2)
+    """) == []

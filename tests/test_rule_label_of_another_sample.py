@@ -90,3 +90,55 @@ def test_the_finding_is_at_the_label_read(tmp_path):
     assert "row i + 1 of `self.y`" in f.message
     assert "`self.y[i]`, not `self.y[i + 1]`" in f.fix
     assert list(find_rule(SLUG)().check(Analysis(Trace()))) == []
+
+
+def _sliced(x_rows: slice, y_rows: slice, ordered: bool = False):
+    from torch.utils.data import TensorDataset
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 3, generator=g)
+    if ordered:
+        x = torch.sin(torch.arange(96.0)[:, None] / 10 + torch.arange(3.0))
+    y = torch.randint(0, 3, (96,), generator=g)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for _ in DataLoader(TensorDataset(x[x_rows], y[y_rows]), batch_size=8, shuffle=True,
+                            generator=torch.Generator().manual_seed(1)):
+            pass
+    return [dict(e.data) for e in rec.trace if e.kind == "label_offset"]
+
+
+def test_a_tensordataset_of_slices_at_different_starts():
+    [found] = _sliced(slice(0, 64), slice(16, 80))
+    assert found["sliced"] == [64, 0, 16] and found["offset"] == 16
+    assert (found["inputs"], found["labels"]) == ("tensors[0]", "tensors[1]")
+
+
+def test_slices_of_the_same_rows_or_an_ordered_table_are_silent():
+    assert _sliced(slice(0, 64), slice(0, 64)) == []
+    assert _sliced(slice(32, 96), slice(32, 96)) == []
+    assert _sliced(slice(0, 64), slice(16, 80), ordered=True) == []
+
+
+def test_the_sliced_finding_is_where_the_dataset_is_made(tmp_path):
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x = torch.randn(200, 4)
+        y = (x.sum(1) > 0).long()
+        n = 150
+        ds = TensorDataset(x[:n], y[10:10 + n])
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in DataLoader(ds, batch_size=16, shuffle=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    """))
+    report = run_check(CheckOptions(target=str(script)))
+    [f] = [f for f in report.findings if f.rule == SLUG]
+    assert f.location.line == 8 and f.severity is Severity.WARNING
+    assert "`y[:n]`" in f.fix and "`x[:n]`" in f.fix

@@ -83,3 +83,26 @@ def test_without_a_named_feature_map_it_stays_at_the_backward(tmp_path):
                              negative=0.8, positive=0.2, feature=None), 2)
     f = only(t, SLUG)
     assert f.location.line == 2 and "not constrained positive" in f.message
+
+
+def _dice_events() -> list[str]:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        net = nn.Conv2d(1, 1, 3, padding=1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for _ in range(2):
+            x = torch.randn(4, 1, 8, 8)
+            mask = (x > 0).float()
+            scores = net(x)
+            inter = (scores * mask).sum((1, 2, 3))
+            loss = 1 - ((2 * inter + 1) / (scores.sum((1, 2, 3)) + mask.sum((1, 2, 3)) + 1)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [e.kind for e in rec.trace if e.kind in ("normaliser_sign", "overlap_scores")]
+
+
+def test_a_dice_on_logits_is_left_to_overlap_on_raw_scores():
+    kinds = _dice_events()
+    assert "overlap_scores" in kinds and "normaliser_sign" not in kinds

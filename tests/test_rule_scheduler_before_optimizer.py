@@ -45,3 +45,28 @@ def test_scheduler_after_step_skipped_step_and_plateau_are_silent():
     t.backward(fresh=P)
     t.step()
     assert findings(t, "scheduler-before-optimizer") == []
+
+
+def test_a_fresh_scheduler_fast_forwarded_before_training_is_silent():
+    t = builder()
+    for _ in range(3):  # `for _ in range(start_epoch): scheduler.step()` on resuming
+        sched(t, line=80)
+    for e in range(2):
+        for _ in range(2):
+            t.clear(P)
+            t.backward(fresh=P)
+            t.step(line=94)
+        sched(t, line=96)
+    assert findings(t, "scheduler-before-optimizer") == []
+
+
+def test_a_fast_forwarded_scheduler_stepped_once_per_update_is_not_stepped_twice():
+    t = builder()
+    for _ in range(6):
+        sched(t, line=80)
+    for _ in range(5):
+        t.clear(P)
+        t.backward(fresh=P)
+        t.step(line=94)
+        sched(t, line=96)
+    assert findings(t, "scheduler-stepped-twice") == []

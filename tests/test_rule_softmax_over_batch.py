@@ -238,3 +238,11 @@ def test_a_sum_over_the_batch_that_makes_no_target_is_not_named(tmp_path):
     text = SHARPENED.replace("q = q / q.sum(dim=0, keepdim=True)",
                              "x = x / x.sum(dim=0, keepdim=True)")
     assert findings(_target_trace(_script(tmp_path, text)), SLUG) == []
+
+
+def test_the_fix_names_the_class_axis_of_each_layout():
+    from graddoctor.rules.softmax_over_batch import _class_dim
+    assert _class_dim({"fn": "softmax", "shape": [32, 6, 5]}, "F.gumbel_softmax(logits, tau=t, dim=0)")[0] == -1
+    assert _class_dim({"fn": "softmax", "shape": [16, 7, 11]}, "out(h).log_softmax(dim=0)")[0] == -1
+    assert _class_dim({"fn": "softmax", "shape": [32, 4]}, "torch.softmax(x, dim=0)")[0] == 1
+    assert _class_dim({"fn": "softmax", "shape": [8, 3, 16, 16]}, "torch.softmax(x, dim=0)")[0] == 1

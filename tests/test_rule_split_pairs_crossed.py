@@ -124,3 +124,18 @@ def test_a_name_bound_outside_the_block_or_rebound_to_the_same_split_stays_silen
            "        out = net(X_val)\n"
            "    val = crit(out, y_train[i:i + bs])\n")
     assert _made(src) == []
+
+
+def test_one_table_read_at_one_part_and_another_at_another_whatever_the_names():
+    from graddoctor.analysis.reorder import split_parts_crossed
+    found = split_parts_crossed(ast.parse(textwrap.dedent("""
+        a, b = order[:400], order[400:]
+        def batches():
+            for s in range(0, 200, 50):
+                yield torch.from_numpy(feats[a][s:s + 50]), torch.from_numpy(price[b][s:s + 50])
+        def fine():
+            return feats[a], price[a], feats[b], price[b]
+        def one_part():
+            return feats[a], price[a]
+    """)))
+    assert found == [(5, "price", "b", "feats", "a")]

@@ -490,3 +490,21 @@ def test_a_balance_residual_between_log_probabilities_trains_both_sides():
     assert _judge(_net(), balance) == []
     assert _judge(_net(), consistency) == []
     assert [made[0] for made in _judge(_net(), soft_td)] == ["target_grad"]
+
+
+def test_a_path_consistency_with_the_log_probability_beside_the_reward_trains_both_sides():
+    """PCL written as V(s) against r - tau * log pi(a|s) + gamma * V(s'): the log-probability
+    of the policy at the states the value reads sits on the target side, a consistency trained
+    through every term. An entropy bonus of the next state (soft Q-learning) stays a target."""
+    def pcl(m, run):
+        s, s2 = torch.randn(6, 4), torch.randn(6, 4)
+        log_pi = F.log_softmax(m(s)[:, :2], -1)[:, 0]
+        run("mse_loss", m(s)[:, 2], 1.0 - 0.1 * log_pi + 0.9 * m(s2)[:, 2])
+
+    def next_state_bonus(m, run):
+        s, s2 = torch.randn(6, 4), torch.randn(6, 4)
+        log_pi = F.log_softmax(m(s2)[:, :2], -1)[:, 0]
+        run("mse_loss", m(s)[:, 2], 1.0 - 0.1 * log_pi + 0.9 * m(s2)[:, 2])
+
+    assert _judge(_net(), pcl) == []
+    assert [made[0] for made in _judge(_net(), next_state_bonus)] == ["target_grad"]

@@ -115,7 +115,10 @@ def _draw_weights(call: ast.Call) -> ast.AST | None:
     return func.value
 
 
-def _scope_draws(scope) -> list[tuple[int, str, str, int, str]]:
+def _scope_draws(scope, returned: list | None = None) -> list[tuple[int, str, str, int, str]]:
+    """The draws of one scope that index a tensor there; those the scope returns instead (a
+    helper that mines the negatives for its caller) go to ``returned``, for the callers to
+    say whether they index with them."""
     nodes = list(scope_walk(scope))
     assigns: dict[str, list[ast.Assign]] = {}
     for n in nodes:
@@ -154,13 +157,44 @@ def _scope_draws(scope) -> list[tuple[int, str, str, int, str]]:
                            and id(m) not in compared
                            and any(sub is n for sub in ast.walk(m.slice)) for m in nodes)
         drawn = _assigned_names(nodes, n)
-        if not inline_index and (not drawn or not _indexes(nodes, drawn, compared)):
-            continue
         target = similar[base] if base in similar else None
         line = target.lineno if target is not None else n.lineno
         text = ast.unparse(target).strip() if target is not None else ast.unparse(n)
-        found.append((line, text, base or ast.unparse(weights), n.lineno, ast.unparse(n)))
+        made = (line, text, base or ast.unparse(weights), n.lineno, ast.unparse(n))
+        if not inline_index and (not drawn or not _indexes(nodes, drawn, compared)):
+            if returned is not None and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and _returns(nodes, n, drawn):
+                returned.append((scope.name, made))
+            continue
+        found.append(made)
     return found
+
+
+def _returns(nodes, call, drawn: set[str]) -> bool:
+    """Whether the scope returns the draw, as it is or through a name assigned from it."""
+    return any(isinstance(r, ast.Return) and r.value is not None
+               and (any(sub is call for sub in ast.walk(r.value)) or _names(r.value) & drawn)
+               for r in nodes)
+
+
+def _caller_indexes(tree, helper: str) -> bool:
+    """Whether a call of ``helper`` somewhere in the file indexes a tensor with what it returns
+    (``image_embeds[mine(sim)]``, or ``neg_idx = mine(sim)`` then ``image_embeds[neg_idx]``)."""
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        nodes = list(scope_walk(scope))
+        calls = [n for n in nodes if isinstance(n, ast.Call) and _called(n) == helper]
+        if not calls:
+            continue
+        compared = {id(sub) for m in nodes if isinstance(m, ast.Compare) for sub in ast.walk(m)}
+        for call in calls:
+            if any(isinstance(m, ast.Subscript) and isinstance(m.ctx, ast.Load) and id(m) not in compared
+                   and any(sub is call for sub in ast.walk(m.slice)) for m in nodes):
+                return True
+            drawn = _assigned_names(nodes, call)
+            if drawn and _indexes(nodes, drawn, compared):
+                return True
+    return False
 
 
 def _against_bank(stmt, assigns: dict, loops: list) -> bool:
@@ -248,8 +282,9 @@ def positive_drawn_as_negative(path: str) -> list[tuple[int, str, str, int, str]
     tree = _parse(path)
     if tree is None:
         return []
-    found = []
+    found, returned = [], []
     scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
-        found.extend(_scope_draws(scope))
+        found.extend(_scope_draws(scope, returned))
+    found.extend(made for helper, made in returned if _caller_indexes(tree, helper))
     return sorted(set(found))

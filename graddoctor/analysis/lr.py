@@ -253,6 +253,14 @@ def cadence(a: "Analysis", s: Schedule) -> Cadence | None:
     if not s.steps or s.opt is None:
         return None
     first = s.steps[0].seq
+    # a fresh scheduler fast-forwarded before training (`for _ in range(start_epoch):
+    # scheduler.step()` on resuming): its cadence counts from the last of those steps
+    update = next((st.seq for st in a.steps if st["opt"] == s.opt), None)
+    replayed = [st for st in s.steps if update is not None and st.seq < update]
+    count = s.count
+    if len(replayed) > 1:
+        first = replayed[-1].seq
+        count -= a.count(replayed[:-1])
     mine = [st for st in a.steps if st["opt"] == s.opt and st.seq > first]
     updates = a.count(mine)
     backwards = a.count(b for b in a.by_kind.get("backward", ()) if b.seq > first)
@@ -277,9 +285,9 @@ def cadence(a: "Analysis", s: Schedule) -> Cadence | None:
     sched_in = {ep: n for (k, ep), (_, n) in groups.items() if k == "sched" and ep is not None}
     steps_in = {ep: n for (k, ep), (_, n) in groups.items() if k == "step" and ep is not None}
     return Cadence(
-        per_update=s.count / updates if updates else float("inf"),
+        per_update=count / updates if updates else float("inf"),
         most_between=most, updates=updates,
-        per_backward=s.count / backwards if backwards else 0.0,
+        per_backward=count / backwards if backwards else 0.0,
         epoch_most=max(sched_in.values(), default=0),
         epoch_updates=max(steps_in.values(), default=0),
         epochs_seen=len(set(sched_in) | set(steps_in)), real_len=real, replay_len=replay)

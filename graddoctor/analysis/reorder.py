@@ -413,3 +413,136 @@ def input_reordered_at(tree: ast.AST, model_line: int) -> int | None:
         if last is not None and _reorders(last.value):
             found.append(last.lineno)
     return max(found, default=None)
+
+
+def _bodies(tree: ast.AST):
+    """The straight statement lists of the module and of each function (their own statements,
+    not those of the blocks inside them)."""
+    yield getattr(tree, "body", [])
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.body
+
+
+def _rows_read(expr: ast.AST) -> str | None:
+    """The name whose rows ``expr`` is, as it is or sliced (``X``, ``X[:split]``,
+    ``X[split:]``, ``torch.as_tensor(X[:n])``), or None."""
+    while isinstance(expr, ast.Call) and len(expr.args) == 1 and not expr.keywords \
+            and _last(expr.func) in ("as_tensor", "tensor", "from_numpy", "asarray", "array",
+                                     "float", "long"):
+        expr = expr.args[0]
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and not expr.args \
+            and expr.func.attr in ("float", "long", "int", "double", "clone"):
+        expr = expr.func.value
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Slice):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def permuted_before_pairing(tree: ast.AST) -> list[tuple[int, str, str, int]]:
+    """``(line of the reordering, the reordered name, a name unpacked with it and left in its
+    order, line of the call that pairs them)``: outside the training loop, two fields unpacked
+    together (``X, labels = make_data()``), one rebound to its rows in a random order
+    (``X = X[torch.randperm(len(X))]``, or by a permutation used for nothing else) and the
+    other not, then both given as rows to one call (``TensorDataset(X[:split],
+    labels[:split])``): row i of the inputs is paired with another sample's label."""
+    found = []
+    for body in _bodies(tree):
+        groups: list[tuple[int, list[str]]] = []
+        perms: dict[str, int] = {}  # a permutation's name -> where it was made
+        moved: dict[str, int] = {}  # a field rebound in a random order -> where
+        for stmt in body:
+            if isinstance(stmt, (ast.For, ast.While)):
+                break  # the training loop: what it does is fields_reordered_apart's
+            for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+                rows = [_rows_read(arg) for arg in call.args]
+                hit = next(((r, n) for _, names in groups for r in rows
+                            if r in names and r in moved for n in rows
+                            if n in names and n != r and n not in moved), None)
+                if hit is not None:
+                    found.append((moved[hit[0]], hit[0], hit[1], call.lineno))
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+                continue
+            target = stmt.targets[0]
+            if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+                names = [e.id for e in target.elts]
+                if isinstance(stmt.value, ast.Tuple) and len(stmt.value.elts) == len(names):
+                    # `X, y = X[perm], y[perm]`: each rebound as its own value says
+                    for name, value in zip(names, stmt.value.elts):
+                        if any(_reindexed(value, p) == name for p in perms):
+                            moved[name] = stmt.lineno
+                        else:
+                            moved.pop(name, None)
+                    continue
+                if len(names) >= 2:
+                    groups.append((stmt.lineno, names))
+                for name in names:
+                    moved.pop(name, None)
+                continue
+            inline = _inline_reordering(stmt)
+            if inline is not None:
+                moved[inline[0]] = inline[1]
+                continue
+            made = _permutation(stmt)
+            if made is not None and made[1] is None:
+                perms[made[0]] = stmt.lineno
+                continue
+            if isinstance(target, ast.Name):
+                if any(_reindexed(stmt.value, p) == target.id for p in perms):
+                    moved[target.id] = stmt.lineno
+                else:
+                    moved.pop(target.id, None)
+    return sorted(set(found))
+
+
+def _split_groups(tree: ast.AST) -> list[list[str]]:
+    """Names bound together to the parts of one split of indices: ``train_idx, val_idx =
+    order[:400], order[400:]`` (slices of one name), or ``train_test_split(idx, ...)``'s."""
+    groups = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Tuple)
+                and all(isinstance(e, ast.Name) for e in node.targets[0].elts)
+                and len(node.targets[0].elts) >= 2):
+            continue
+        names = [e.id for e in node.targets[0].elts]
+        value = node.value
+        if isinstance(value, ast.Tuple) and len(value.elts) == len(names) and all(
+                isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Slice)
+                and isinstance(v.value, ast.Name) for v in value.elts) \
+                and len({v.value.id for v in value.elts}) == 1:
+            groups.append(names)
+        elif isinstance(value, ast.Call) and _last(value.func) in ("train_test_split", "random_split") \
+                and len(value.args) == 1:
+            groups.append(names)
+    return groups
+
+
+def split_parts_crossed(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
+    """``(line, labels' table, its part, inputs' table, their part)``: a scope (a function, or
+    the module's own statements) that reads one table only at one part of a split
+    (``features[train_idx]``) and another table only at another part (``targets[val_idx]``):
+    the rows of the two no longer belong to the same samples. Reported at the read of the later
+    part (a validation or test part used beside training rows)."""
+    groups = _split_groups(tree)
+    if not groups:
+        return []
+    found = []
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        reads: dict[str, dict[str, int]] = {}  # table -> part -> first line
+        for node in scope_walk(scope):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and isinstance(node.slice, ast.Name):
+                reads.setdefault(node.value.id, {}).setdefault(node.slice.id, node.lineno)
+        for names in groups:
+            parts = {t: [p for p in names if p in by] for t, by in reads.items()}
+            single = {t: ps[0] for t, ps in parts.items() if len(ps) == 1}
+            if any(len(ps) > 1 for ps in parts.values()) or len(set(single.values())) < 2:
+                continue  # each table read at every part it is, or at one part only
+            first = min(single.values(), key=names.index)
+            later = [(reads[t][p], t, p) for t, p in single.items() if p != first]
+            inputs = next(t for t, p in single.items() if p == first)
+            line, table, part = min(later)
+            found.append((line, table, part, inputs, first))
+    return sorted(set(found))

@@ -103,10 +103,12 @@ def _identity(shape) -> tuple:
 
 
 class _Grids:
-    __slots__ = ("rows", "cols", "ops")
+    """Where each pixel comes from. ``trailing``: axes after the two pixel axes (1 for a
+    channels-last one-hot of a mask, whose pixel axes are (-3, -2) until it is permuted)."""
+    __slots__ = ("rows", "cols", "ops", "trailing")
 
-    def __init__(self, rows, cols, ops: tuple):
-        self.rows, self.cols, self.ops = rows, cols, ops
+    def __init__(self, rows, cols, ops: tuple, trailing: int = 0):
+        self.rows, self.cols, self.ops, self.trailing = rows, cols, ops, trailing
 
 
 class _Mode(TorchFunctionMode):
@@ -268,6 +270,13 @@ class AugmentAlignWatcher:
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
         name = _name(func)
+        if name == "one_hot" and isinstance(source, torch.Tensor) and source.dim() >= 2 \
+                and tuple(out.shape[-3:-1]) == tuple(source.shape[-2:]):
+            # a class axis appended after the pixels: the pixels keep their places, at (-3, -2)
+            grids = self._of(source)
+            rows, cols = (grids.rows, grids.cols) if grids is not None else _identity(source.shape)
+            self._grids[id(out)] = (out, _Grids(rows, cols, grids.ops if grids else (), trailing=1))
+            return
         if name in _GEOMETRIC and isinstance(source, torch.Tensor) and source.dim() >= 2:
             self._moved(func, name, source, args, kwargs, out)
             return
@@ -289,24 +298,33 @@ class AugmentAlignWatcher:
         if source.numel() > _MAX_ELEMENTS:
             return
         grids = self._of(source)
+        trailing = grids.trailing if grids is not None else 0
         rows, cols = (grids.rows, grids.cols) if grids is not None else _identity(source.shape)
         ops = grids.ops if grids is not None else ()
         if out is source or not args or args[0] is not source or "out" in kwargs:
             return
-        moved = []
+        results = []
         for grid in (rows, cols):
-            again = func(grid.expand(source.shape), *args[1:], **kwargs)
-            if not isinstance(again, torch.Tensor) or again.dim() < 2 \
+            # a channels-last one-hot: its pixel axes are followed by the class axis
+            placed = grid[..., None].expand(source.shape) if trailing else grid.expand(source.shape)
+            again = func(placed, *args[1:], **kwargs)
+            if not isinstance(again, torch.Tensor) or again.dim() < 2 + trailing \
                     or tuple(again.shape[-2:]) != tuple(out.shape[-2:]):
                 return  # the result's pixels cannot be placed: nothing is kept for it
-            moved.append(again[(0,) * (again.dim() - 2)].detach())  # a view: nothing copied
+            results.append(again)
+        # the class axis still last (both grids constant along it), or moved in front of the
+        # pixels (`one_hot(mask, C).permute(2, 0, 1)`: channels first, no pixel moved)
+        keep = 1 if trailing and all(r.shape[-1] == source.shape[-1] and bool(torch.equal(
+            r, r[..., :1].expand_as(r))) for r in results) else 0
+        moved = [(r[(0,) * (r.dim() - 3)][..., 0] if keep else r[(0,) * (r.dim() - 2)]).detach()
+                 for r in results]  # views: nothing copied
         same = moved[0].shape == rows.shape and bool(torch.equal(moved[0], rows)) \
             and bool(torch.equal(moved[1], cols))
         if not same:  # an op that moved pixels (not `images[i]`, `x[None]`): its line is kept
             # with the line that called the script's helper holding the op, if any (a crop
             # helper called once for the image and once for the mask: the calls differ)
             ops = ops + ((name, self.rec.here(), self.rec.caller_of()),)
-        self._grids[id(out)] = (out, _Grids(moved[0], moved[1], ops))
+        self._grids[id(out)] = (out, _Grids(moved[0], moved[1], ops, trailing=keep))
 
     def _note_labels(self, func, args, kwargs, out) -> None:
         """An averaging resize (``F.interpolate`` with a linear, cubic or area mode) of a label

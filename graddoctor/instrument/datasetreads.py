@@ -22,7 +22,10 @@ Two facts, each on the first fetches only:
   number of rows (it is indexed by something else: 1-based ids), when another field reads it
   at the index itself (the shifted read is a negative pair's other sample, on purpose), nor
   when the inputs' table has an order (row i + 1 nearer row i than a row half the table away:
-  a time series whose next value is the target on purpose).
+  a time series whose next value is the target on purpose). A ``TensorDataset`` whose tensors
+  are row slices of two tables of as many rows taken at different starts (``TensorDataset(x[:n],
+  y[k:k + n])``, the inputs' table without order) is recorded at its first batched fetch, at the
+  line that made it (``TensorDataset.__init__`` wrapped: one location lookup per dataset).
 
 Costs: one copy of the fetched rows of each held array per looked-at fetch, a few gathers
 per batched fetch for the offsets; nothing after ``DRIFT_FETCHES`` fetches of a dataset.
@@ -35,7 +38,7 @@ import sys
 import weakref
 
 import torch
-from torch.utils.data import Subset
+from torch.utils.data import Subset, TensorDataset
 from torch.utils.data._utils import fetch as _fetch
 
 from .. import events as ev
@@ -49,6 +52,7 @@ OFFSETS = (-2, -1, 1, 2)
 MIN_SAMPLES = 16  # samples a label offset must hold over
 MIN_DISTINCT = 4  # of them, rows whose label at the offset differs from their own
 ORDER_ROWS = 256  # rows of the inputs' table read to tell whether it has an order
+MADE_KEPT = 64  # TensorDatasets whose line of construction is kept
 ORDERED = 0.8  # consecutive rows nearer than this share of distant rows' distance: ordered
 
 
@@ -78,10 +82,31 @@ class DatasetReadWatcher:
         # id of a dataset a fetcher reads (a Subset included) -> a weak reference to it, once
         # nothing more is looked at for it: its later fetches cost one dict lookup
         self._over: dict[int, object] = {}
+        # id of a TensorDataset -> (a weak reference to it, the script's line that made it)
+        self._made: dict[int, tuple] = {}
 
     def install(self, patcher) -> None:
         Fetcher = _fetch._MapDatasetFetcher
         patcher.patch(Fetcher, "fetch", self._wrap_fetch(Fetcher.fetch))
+        patcher.patch(TensorDataset, "__init__", self._wrap_tensor_dataset(TensorDataset.__init__))
+
+    def _wrap_tensor_dataset(self, original):
+        """Where the script makes each TensorDataset: a pair of row slices at different starts
+        (``TensorDataset(x[:n], y[k:k + n])``) is reported there."""
+        watcher = self
+
+        def __init__(dataset, *tensors):
+            original(dataset, *tensors)
+            try:
+                if len(watcher._made) < MADE_KEPT:
+                    loc = watcher.rec.here()
+                    if loc is not None:
+                        watcher._made[id(dataset)] = (weakref.ref(dataset), loc)
+            except Exception as exc:
+                watcher.rec.internal_error("TensorDataset.__init__", exc)
+
+        __init__.__wrapped__ = original
+        return __init__
 
     def _wrap_fetch(self, original):
         watcher = self
@@ -177,6 +202,8 @@ class DatasetReadWatcher:
         if len(fields) < 2:
             seen.labels_done = True
             return
+        if seen.label_fetches == 1 and self._sliced_apart(dataset, seen, arrays, len(indices)):
+            return
         with torch.no_grad():
             shifted = {}  # (attr, k) -> the array's rows at index + k, one row per sample
             for attr, array in arrays:
@@ -211,6 +238,30 @@ class DatasetReadWatcher:
                                                 labels=labels, offset=k, samples=samples,
                                                 field=key), self._getitem_loc(dataset))
 
+    def _sliced_apart(self, dataset, seen, arrays, samples: int) -> bool:
+        """A TensorDataset made of row slices of two tables of as many rows, the inputs' table
+        without order, taken at different starts (``TensorDataset(x[:n], y[k:k + n])``): row i
+        of the inputs is paired with the label of row i + k. Reported where it was made."""
+        made = self._made.get(id(dataset))
+        if made is None or made[0]() is not dataset:
+            return False
+        starts = [(attr, array, *found) for attr, array in arrays
+                  if (found := _row_slice(array)) is not None]
+        for i, (inputs, x, x_base, x_start) in enumerate(starts):
+            for labels, y, y_base, y_start in starts[i + 1:]:
+                if x_start == y_start or x.shape[0] != y.shape[0] \
+                        or x_base.shape[0] != y_base.shape[0] or _share_memory(x_base, y_base):
+                    continue  # the same rows, another pairing, or one table (a series' next value)
+                if _ordered(x_base):
+                    continue  # a series: a later row's value may be the target on purpose
+                seen.labels_done = True
+                self.rec.emit_aside(ev.label_offset(
+                    cls=type(dataset).__name__, inputs=inputs, labels=labels,
+                    offset=y_start - x_start, samples=samples, field=None,
+                    sliced=[int(x.shape[0]), x_start, y_start]), made[1])
+                return True
+        return False
+
     def _offset_found(self, seen, arrays: dict):
         matches = seen.matches
         for (key, attr, k), (ok, samples, distinct) in matches.items():
@@ -243,6 +294,31 @@ class DatasetReadWatcher:
 
 def _numpy():
     return sys.modules.get("numpy")
+
+
+def _row_slice(array):
+    """``(its table, the row it starts at)`` when the array is a slice of the rows of a larger
+    table (``x[k:k + n]``: the table's other axes and row stride), else None."""
+    if isinstance(array, torch.Tensor):
+        base = array._base
+        if not isinstance(base, torch.Tensor) or base.dim() != array.dim() \
+                or tuple(base.shape[1:]) != tuple(array.shape[1:]) \
+                or base.stride() != array.stride() or base.shape[0] <= array.shape[0]:
+            return None
+        step = array.stride(0) if array.dim() else 0
+        moved = array.storage_offset() - base.storage_offset()
+    else:
+        base = getattr(array, "base", None)
+        np = _numpy()
+        if np is None or not isinstance(base, np.ndarray) or base.ndim != array.ndim \
+                or base.shape[1:] != array.shape[1:] or base.strides != array.strides \
+                or base.shape[0] <= array.shape[0]:
+            return None
+        step = array.strides[0]
+        moved = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    if step <= 0 or moved % step:
+        return None
+    return base, moved // step
 
 
 def _is_array(value) -> bool:

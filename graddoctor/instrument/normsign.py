@@ -22,7 +22,8 @@ feature map in the source). Values are read once per candidate: two comparisons.
 
 Silent: denominators of one sign (softmax's sums of exponentials, norms, ``elu + 1`` features,
 ``relu`` features plus an eps, counts); quotients by a tensor without graph (a target, a
-constant); a denominator made by no sum (a learned temperature, a difference).
+constant); a denominator made by no sum (a learned temperature, a difference); a soft
+dice/IoU ratio on a layer's raw scores (``overlapscores.raw_overlap``: one bug, reported there).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from .. import events as ev
 from .graphpaths import post_order, saved
 from .losswindow import LossWindow
+from .overlapscores import raw_overlap
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at
@@ -116,6 +118,8 @@ class NormaliserSignWatcher:
                 if found is None:
                     continue
                 values, below = found
+                if type(node).__name__ == "DivBackward0" and raw_overlap(node) is not None:
+                    continue  # a dice/IoU on logits: overlap-on-raw-scores names that cause
                 if values.device.type != "cpu" or not values.is_floating_point() \
                         or values.numel() < _MIN_VALUES:
                     continue

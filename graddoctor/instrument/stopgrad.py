@@ -58,7 +58,10 @@ regression onto a target: not taken.
 A squared residual whose first side holds a log-probability among the terms of its linear top
 (``(log_F(s) + log_pf) - (log_F(s') + log_pb)``, ``mse(V(s) + tau * log_pi, r + gamma * V(s'))``)
 is a balance or consistency equation (a GFlowNet's detailed, trajectory or sub-trajectory
-balance, path consistency learning), trained through both sides on purpose: not taken. A
+balance, path consistency learning), trained through both sides on purpose: not taken; so is
+one whose second side holds, among its terms, the log-probability of the policy at the states
+the first side's value reads (``mse(V(s), r - tau * log_pi(a|s) + gamma * V(s'))``: the same
+states' data under the layers of both). A
 bootstrapped regression predicts a value there (``q(s).gather(1, a)``); an entropy bonus on
 the target side (SAC's ``- alpha * log_pi`` in ``r + gamma * (q' - alpha * log_pi)``) still
 leaves the target.
@@ -93,7 +96,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
-from .graphpaths import reached
+from .graphpaths import reached, saved
 from .inlinable import watched
 from .lossterms import PerLine, loss_root, loss_roots
 from .losswindow import LossWindow
@@ -403,6 +406,58 @@ _TERM_OPS = _TOP_OPS + ("GatherBackward", "IndexSelectBackward")
 _TERMS = 64  # nodes of a side's linear top searched for a log-probability
 
 
+def _log_probability(edge):
+    """The log-probability node a side holds as a term of its linear top, or None."""
+    stack, seen = [edge[0]], set()
+    while stack and len(seen) < _TERMS:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        name = type(node).__name__
+        if name.startswith(_LOG_PROBABILITIES):
+            return node
+        if name.startswith(_TERM_OPS):
+            stack.extend(child for child, _ in _computed(node))
+    return None
+
+
+# a layer's node and the name of the input it saves: where the data enters the network
+_FIRST_LAYERS = {"AddmmBackward0": "_saved_mat1", "MmBackward0": "_saved_self",
+                 "ConvolutionBackward0": "_saved_input"}
+_INPUT_NODES = 400  # nodes walked per side for the data its layers read
+
+
+def _data_read(node) -> set:
+    """``(data pointer, shape)`` of the tensors without gradient that the layers below ``node``
+    read (the states a value or a policy network is evaluated on)."""
+    found, stack, seen = set(), [node], set()
+    while stack and len(seen) < _INPUT_NODES:
+        cur = stack.pop()
+        if cur is None or cur in seen:
+            continue
+        seen.add(cur)
+        name = _FIRST_LAYERS.get(type(cur).__name__)
+        if name is not None:
+            value = saved(cur, name)
+            if isinstance(value, torch.Tensor) and not value.requires_grad:
+                found.add((value.data_ptr(), tuple(value.shape)))
+        stack.extend(child for child, _ in _computed(cur))
+    return found
+
+
+def consistency_on_one_state(input_edge, target_edge) -> bool:
+    """Whether the target side holds a log-probability as a term (``r - tau * log_pi +
+    gamma * V(s')``) of the policy at the very states the input side's value reads (``V(s)``):
+    path consistency learning's residual, every term trained on purpose. A soft
+    Q-learning target's entropy bonus is the next state's (``log_pi(a'|s')``): not this."""
+    node = _log_probability(target_edge)
+    if node is None:
+        return False
+    states = _data_read(input_edge[0])
+    return bool(states) and bool(states & _data_read(node))
+
+
 def holds_log_probability(edge) -> bool:
     """Whether a side of a squared residual holds a log-probability as a term of its linear
     top (``log_F(s) + log_pf``, ``V(s) + tau * log_pi``): the residual is a balance or
@@ -556,6 +611,8 @@ class TargetGradWatcher:
             return None  # rows of one output compared with each other (pairs of a batch, time steps)
         if fn in _SYMMETRIC and holds_log_probability(input_edge):
             return None  # a balance or consistency residual (GFlowNets, PCL): every term trains
+        if fn in _SYMMETRIC and consistency_on_one_state(input_edge, target_edge):
+            return None  # PCL written with the log-probability beside the reward: the same
         made_in, made_target = _producer(input_node), _producer(target_node)
         if (fn in _SYMMETRIC and type(made_in) is type(made_target) and same_shape
                 and _same_layer(_base(input_node), _base(target_node), nodes_in, nodes_target)):

@@ -32,6 +32,8 @@ def averaged_copies(tree: ast.AST) -> set[tuple[str, str]]:
             # below moves it towards the network
             if func.rsplit(".", 1)[-1] == "AveragedModel" and call.args:
                 pairs.add((_text(node.targets[0]), _text(call.args[0])))
+                # its averaged network, called directly (`ema.module(x, t)`)
+                pairs.add((f"{_text(node.targets[0])}.module", _text(call.args[0])))
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and _text(node.iter.func) == "zip" \
                 and len(node.iter.args) == 2 and isinstance(node.target, ast.Tuple) \
                 and len(node.target.elts) == 2:
@@ -178,7 +180,7 @@ class EmaTargetSameInput(Rule):
     Finds a loss that compares a network conditioned on a noise level or a time with its
     averaged copy (the EMA target of a consistency model, of a consistency distillation)
     evaluated on the very same arguments. It reads the source of the files a backward ran
-    from: a copy made by `AveragedModel(model)` or moved in place towards the network by a loop
+    from: a copy made by `AveragedModel(model)` (called as itself or as its `.module`) or moved in place towards the network by a loop
     over `zip(copy.parameters(), model.parameters())`; two calls in one scope, `model(x, t)` and
     `copy(x, t)` or one helper `f(model, x, t)` and `f(copy, x, t)`, whose other arguments (two
     or more) are the same text, call nothing and are not rebound between the two; and the two

@@ -16,7 +16,9 @@ class HardNegativeDrawsPositive(Rule):
     `topk`, for the whole matrix or one row at a time) indices that pick the negatives
     (`image_embeds[neg_idx]`), while nothing in the same function masks or fills any matrix
     of that chain (`fill_diagonal_(0)`, `masked_fill` with the pairs of one id, an `eye`, an
-    item assignment). Read from the script's source, in the files whose backwards ran.
+    item assignment). A helper that mines and returns the draw counts when a caller indexes
+    with what it returns (`image_embeds[mine(text_feat, image_feat)]`). Read from the script's
+    source, in the files whose backwards ran.
 
     ## Why is this bad?
     In image-text matching (ALBEF, BLIP, BLIP-2's Q-Former, X-VLM) the diagonal of the batch's

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis.reorder import (collate_fields_apart, fields_reordered_apart, reordered_beside_kept,
-                                input_reordered_at, target_reordered_at)
+from ..analysis.reorder import (collate_fields_apart, fields_reordered_apart, input_reordered_at,
+                                permuted_before_pairing, reordered_beside_kept, target_reordered_at)
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
@@ -24,6 +24,9 @@ class InputsPermutedWithoutLabels(Rule):
     told by its rows as a multiset, at least three distinct values (0/1 labels in another order are
     not told from `1 - y`); it points at the loss module's call given that target where there is
     one, else at the model's call.
+    Before the training loop, fields unpacked together (`X, labels = make_data()`), one put in a
+    random order (`X = X[torch.randperm(len(X))]`) and the other not, then given row by row to
+    one call (`TensorDataset(X[:split], labels[:split])`) are reported at the reordering.
     For a batch no DataLoader serves (made by the script's own function), the script's source
     is read instead, in the files whose backwards ran: in a loop that calls `backward`, fields
     unpacked together (`feats, lengths, y = make_batch()`), some rebound in the order of a
@@ -166,6 +169,22 @@ class InputsPermutedWithoutLabels(Rule):
                             " (draw `perm = torch.randperm(len(x))` once and index every field with it)")
                          + (", or pass enforce_sorted=False to pack_padded_sequence and leave the "
                             "batch in its order" if packs else "")))
+            reported = set()
+            for line, moved, left, paired in permuted_before_pairing(tree):
+                if line in reported:
+                    continue
+                reported.add(line)
+                yield self.finding(
+                    f"this puts the rows of `{moved}` in a random order, but `{left}`, unpacked "
+                    f"with it, keeps the old order, and line {paired} pairs them row by row: "
+                    f"each input is trained towards another sample's label, so the model "
+                    f"trains on random labels",
+                    Location(path, line),
+                    related=(Related(Location(path, paired), f"`{moved}` and `{left}` paired here"),),
+                    evidence={"reordered": [moved], "left": [left], "paired_line": paired},
+                    fix=(f"draw one permutation and index both with it: `perm = "
+                         f"torch.randperm(len({moved}))` then `{moved}, {left} = {moved}[perm], "
+                         f"{left}[perm]`"))
             for line, field, examples, order, ordered in collate_fields_apart(tree):
                 names = ", ".join(f"`{n}`" for n in ordered)
                 yield self.finding(

@@ -44,7 +44,8 @@ class NormaliserChangesSign(Rule):
     ## Stays silent on
     Denominators of one sign: `elu(x) + 1`, `relu(x)` plus an eps, `exp`, softmax's sums of
     exponentials, norms, counts; a quotient by a tensor without graph (a target, a constant);
-    a denominator made by no sum (a learned temperature, a difference of two values).
+    a denominator made by no sum (a learned temperature, a difference of two values); a soft
+    dice or IoU on logits (overlap-on-raw-scores reports that one bug).
     """
 
     code = "GD389"

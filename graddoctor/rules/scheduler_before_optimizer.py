@@ -42,7 +42,9 @@ class SchedulerBeforeOptimizer(Rule):
     ```
 
     ## Stays silent on
-    Steps a GradScaler skipped (PyTorch's own warning is wrong there); schedulers stepped
+    Steps a GradScaler skipped (PyTorch's own warning is wrong there); a fresh scheduler
+    stepped several times before training to resume where a checkpoint left off
+    (`for _ in range(start_epoch): scheduler.step()`); schedulers stepped
     after every optimizer step, at the accumulation boundary, per micro-batch when sized so,
     or per epoch; a hand-written warm-up; the frameworks' schedulers (Lightning,
     accelerate).
@@ -74,18 +76,28 @@ class SchedulerBeforeOptimizer(Rule):
         stepped: dict[int, object] = {}  # opt -> its first step (GradScaler-skipped ones count)
         seen: set[int] = set()
         early = []
+        before: dict[int, int] = {}  # sched -> its steps before its optimizer's first
         for e in a.events:
             if e.kind == "step":
                 stepped.setdefault(e["opt"], e)
-            elif e.kind == "scheduler_step" and e["sched"] not in seen:
-                seen.add(e["sched"])
+            elif e.kind == "scheduler_step":
                 opt = e.get("opt")
+                if opt is not None and opt not in stepped:
+                    before[e["sched"]] = before.get(e["sched"], 0) + 1
+                if e["sched"] in seen:
+                    continue
+                seen.add(e["sched"])
                 if opt is not None and opt not in stepped and e.get("cls") not in NOT_POSITIONAL:
                     early.append(e)
         for e in early:
             first = stepped.get(e["opt"])
             if first is None:
                 continue  # the optimizer never steps in the replay: nothing to compare with
+            if before.get(e["sched"], 0) > 1:
+                # stepped again and again before any update: a resumed run fast-forwarding a
+                # fresh scheduler to its epoch (`for _ in range(start_epoch): scheduler.step()`);
+                # a scheduler stepped too early steps once per update or epoch, one step ahead
+                continue
             schedule = a.schedulers.get(e["sched"])
             if schedule is not None and per_micro_batch(a, schedule) is not None:
                 continue  # stepped every micro-batch: scheduler-per-micro-batch names the cause

@@ -138,7 +138,8 @@ class SoftmaxOverBatch(Rule):
                          if fixed else "give it the class dimension (`dim=-1`), as the student's "
                          "log_softmax"))
                 continue
-            fixed = text.replace("dim=0", "dim=1") if "dim=0" in text else None
+            dim, axis = _class_dim(event, text)
+            fixed = text.replace("dim=0", f"dim={dim}") if "dim=0" in text else None
             yield self.finding(
                 f"`{text}` normalises a {shape} tensor over dim 0, its {event['batch']} samples: "
                 f"each class's values sum to 1 across the batch instead of each sample's across "
@@ -146,8 +147,8 @@ class SoftmaxOverBatch(Rule):
                 f"others and is no distribution over its classes",
                 Location(path, line),
                 evidence={"fn": event["fn"], "shape": event["shape"], "batch": event["batch"]},
-                fix=(f"`{fixed}`: take it over the classes" if fixed else
-                     "give it the class dimension (`dim=1` for (N, C, ...) logits, or `dim=-1`)"))
+                fix=(f"`{fixed}`: take it over the classes ({axis})" if fixed else
+                     f"give it the class dimension (`dim={dim}`: {axis})"))
 
     def _summed_target(self, event, path: str, line: int, text: str):
         shape = "×".join(str(s) for s in event["shape"])
@@ -175,3 +176,19 @@ class SoftmaxOverBatch(Rule):
             return True
         return any(e.get("mixed") and str(e.get("op") or "").startswith(_MIXING)
                    for e in a.by_kind.get("dependency", ()))
+
+
+def _class_dim(event, text: str) -> tuple[int, str]:
+    """The class axis of the normalised tensor, as the fix writes it, and why: the last one of
+    a Gumbel-softmax (its categories, `F.gumbel_softmax`'s default) or of a (B, T, C) sequence,
+    axis 1 of an (N, C) or (N, C, H, W) map."""
+    shape = list(event.get("shape") or ())
+    fn = str(event.get("fn") or "")
+    if "gumbel" in fn or "gumbel" in text:
+        return -1, "the categories, its last axis"
+    if len(shape) == 3:
+        return -1, ("the last axis of (batch, steps, classes) scores; `dim=1` if they are "
+                    "(N, C, L)")
+    if len(shape) >= 4:
+        return 1, "axis 1 of (N, C, ...) scores"
+    return 1, "axis 1 of (N, C) scores"

@@ -5,6 +5,7 @@ import re
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.reorder import split_parts_crossed
 from ..training_calls import backward_lines
 from .base import Rule
 
@@ -217,6 +218,10 @@ class SplitPairsCrossed(Rule):
     given a name the same block assigned the model's output to (`out = net(X_train[i:j])`,
     then `crit(out, y_val[i:j])`, through the name's own methods: `out = out.squeeze(-1)`), and
     `zip(X_train, y_test)` anywhere.
+    Whatever the names, a function (or the module's own statements) that reads one table only
+    at one part of a split of indices (`train_idx, val_idx = order[:n], order[n:]`) and another
+    table only at another part (`features[train_idx]` beside `targets[val_idx]`) is reported
+    at the read of the later part.
     Read from the script's source once a backward ran: each call of a callee named
     `...Dataset` or `...Set` (or a class of the script subclassing a Dataset) with exactly one argument named as inputs (`x`, `X`, `images`, `features`,
     `inputs`, `tokens`...) and one named as labels (`y`, `labels`, `targets`...), each tagged
@@ -282,3 +287,16 @@ class SplitPairsCrossed(Rule):
                     fix=(f"take the labels of the {xs} split: `{same}`" if same else
                          f"take the labels of the {xs} split, as the inputs"),
                     evidence={"inputs": x, "inputs_split": xs, "labels": y, "labels_split": ys})
+            lines |= {found[0] for found in made}
+            for line, table, part, inputs, first in split_parts_crossed(tree):
+                if line in lines:
+                    continue
+                yield self.finding(
+                    f"this reads `{table}` at `{part}` while the same code reads `{inputs}` only "
+                    f"at `{first}`, another part of the same split: row i of `{inputs}"
+                    f"[{first}]` is paired with row i of `{table}[{part}]`, another sample, so "
+                    f"the model trains towards labels that say nothing about its inputs",
+                    Location(path, line),
+                    fix=f"read `{table}` at the inputs' part: `{table}[{first}]`",
+                    evidence={"inputs": inputs, "inputs_split": first, "labels": table,
+                              "labels_split": part})

@@ -101,7 +101,9 @@ class TargetNotDetached(Rule):
     whose first side holds a policy's log-probabilities among its terms, a balance or
     consistency equation trained through every term (a GFlowNet's detailed or trajectory
     balance, `mse(log_F(s) + log_pf, log_F(s') + log_pb)`; path consistency learning's
-    `V(s) + tau * log_pi` against `r + gamma * V(s')`), where a bootstrapped regression
+    `V(s) + tau * log_pi` against `r + gamma * V(s')`, or `V(s)` against `r - tau * log_pi +
+    gamma * V(s')` with the policy's log-probability at the states the value reads), where a
+    bootstrapped regression
     predicts a value (`q(s).gather(1, a)`); contrastive losses (InfoNCE, CLIP: the logits are a product of
     both views, the targets are data); a target that the same loss also fits to labels (TRADES'
     `kl(log_softmax(model(x_adv)), softmax(model(x)))` beside `cross_entropy(model(x), y)`);
