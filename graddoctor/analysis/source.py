@@ -2160,14 +2160,30 @@ def _term_assignment(loss: ast.AST, before: list, term: str, first: int) -> tupl
     name = candidates[0].targets[0].id
     for sub in walk(loss):  # loss = recon - kld, loss = -kld + recon
         # a name the loss negates is where the sign is, whether or not it is the line that
-        # writes the square: `loss = (nll - kl)` with the KL's mu ** 2 inside `model.kl()`
+        # writes the square: `loss = (nll - kl)` with the KL's mu ** 2 inside `model.kl()`;
+        # so is the term itself negated with its weight (`loss = fit - lam * eik`)
         if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)) \
                 or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
                     and isinstance(sub.operand, ast.Name)):
             return None
+        negated = sub.right if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) \
+            else sub.operand if isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub) else None
+        if negated is not None and name in _weighted_names(negated):
+            return None
     if not any(isinstance(sub, ast.Name) and sub.id == name for sub in walk(loss)):
         return None  # the loss does not read it
     return candidates[0].lineno, ast.unparse(candidates[0]).strip()
+
+
+def _weighted_names(node: ast.AST) -> set:
+    """The names a product or quotient is made of (``lam * eik``, ``eik / n``, ``0.1 * eik``)."""
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _weighted_names(node.left) | _weighted_names(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return _weighted_names(node.left)
+    return set()
 
 
 def _is_cpu_device(node: ast.AST) -> bool:
