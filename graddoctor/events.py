@@ -772,7 +772,11 @@ augment_misaligned cls (the dataset's class), image, mask (the two fields of a s
                    shape (their last two axes) — a sample whose image and mask (the same last
                    two axes) have pixels from different places after the dataset's
                    augmentation; once per dataset (loc: the line of that op; an aside;
-                   instrument/augalign.py)
+                   instrument/augalign.py). With cls "" the training loop's: a batch the
+                   model reads flipped along other image axes than another tensor of its
+                   last two axes in the same turn; image and mask are then {"line", "axes"
+                   (flipped, counted from the end)} of the two flips (loc: the target's flip;
+                   instrument/flipalign.py)
 target_remapped    fn (the loss function), shape (the target's), how ("void": an out-of-range
                    served label made a class the others keep; "shifted": labels covering the
                    classes moved by a constant onto ignore_index; "rescaled": a float target
@@ -1242,7 +1246,9 @@ loss_term_params   terms [{path (the additions' operand indices from the loss's 
                    that fall into two groups or more sharing no parameter — at the first
                    backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
 loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
-                   "log_softmax": log_softmax(x).gather(1, a), both with a positive sign), op
+                   "log_softmax": log_softmax(x).gather(1, a), both with a positive sign |
+                   "variance_added": mean(x ** 2) + c * mean(x) ** 2, a variance whose minus
+                   became a plus: bounded, not scale-invariant any more), op
                    (the autograd node: ``ExpBackward0``, ``PowBackward0``), params [pid]
                    (tracked tensors its argument reaches), line (the backward's line): a
                    backward's loss holds a term -c * exp(v) or -c * v**2 (c > 0) of an unbounded

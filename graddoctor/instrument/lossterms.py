@@ -27,6 +27,13 @@ positive sign that the loss reads nowhere else (a log-likelihood minimised; the 
 estimator's ``+logp`` is balanced by its ``exp(ref - logp)``). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
+The same walk, started below the loss's increasing functions (``sqrt``, ``log``), finds a variance
+written out with a plus (term ``variance_added``; variance-sign-flipped): the mean of ``x``'s
+squares and the square of ``x``'s mean (``x ** 2``, ``x.pow(2)``, ``x * x``; a mean or a sum) of
+one node ``x`` reached with the same positive sign — the scale-invariant log loss
+``(d ** 2).mean() + lam * d.mean() ** 2``, which is no longer scale-invariant: it is only told
+when the loss holds no unbounded term.
+
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
 each term found a walk to its leaves; at the first backwards of a line only.
 """
@@ -333,6 +340,81 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     return found
 
 
+_MONOTONE = ("SqrtBackward", "LogBackward", "Log1pBackward")  # increasing: keep a term's sign
+
+
+def _square_of(node):
+    """``x`` for ``x ** 2``, ``x.pow(2)``, ``x * x`` (past views), else None."""
+    name = type(node).__name__
+    children = _children(node)
+    if name == "PowBackward0" and len(children) == 1 and saved(node, "_saved_exponent") == 2:
+        return _past_views(children[0][1])
+    if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
+        return _past_views(children[0][1])
+    return None
+
+
+def _mean_of(node):
+    """``x`` for a mean or sum of ``x`` (past views), else None."""
+    children = _children(node)
+    if type(node).__name__.startswith(("MeanBackward", "SumBackward")) and len(children) == 1:
+        return _past_views(children[0][1])
+    return None
+
+
+def _past_scale(node):
+    """Past products and quotients by a constant (``x.sum() / n``)."""
+    for _ in range(4):
+        name = type(node).__name__
+        children = _children(node)
+        if name not in ("MulBackward0", "DivBackward0", "MulBackward1", "DivBackward1") or len(children) != 1 \
+                or (name.startswith("Div") and children[0][0] != 0):
+            return node
+        node = children[0][1]
+    return node
+
+
+def variance_added(root, limit: int = _NODES):
+    """``(node, x)``: the mean of ``x``'s squares and the square of ``x``'s mean in the loss's
+    linear top with one sign — a variance E[x²] - λ·E[x]² written with a plus (the
+    scale-invariant log loss of depth estimation with its sign flipped), or None. The walk starts
+    below increasing functions at the root (the loss's ``sqrt``, ``log``)."""
+    for _ in range(8):
+        name = type(root).__name__
+        children = _children(root)
+        if root is None or len(children) != 1:
+            break
+        if name.startswith(_MONOTONE) or name.startswith(_KEEP[:12]):
+            root = children[0][1]
+            continue
+        if name in ("MulBackward0", "DivBackward0") and (name == "MulBackward0" or children[0][0] == 0) \
+                and _sign_of(saved(root, "_saved_other" if children[0][0] == 0 else "_saved_self")) == 1.0:
+            root = children[0][1]
+            continue
+        break
+    squares: dict = {}  # x -> (signs of mean(x ** 2), the node)
+    means: dict = {}  # x -> (signs of mean(x) ** 2, the node)
+
+    def visit(node, sign, name, children) -> bool:
+        inner = _mean_of(node)
+        if inner is not None:
+            x = _square_of(inner)
+            if x is not None:
+                squares.setdefault(x, (set(), node))[0].add(sign)
+        inner = _square_of(node)
+        if inner is not None:
+            x = _mean_of(_past_scale(inner))
+            if x is not None:
+                means.setdefault(x, (set(), node))[0].add(sign)
+        return False
+
+    signed_walk(root, limit, visit)
+    for x, (signs, node) in means.items():
+        if x in squares and signs == squares[x][0] == {1.0}:
+            return node, x
+    return None
+
+
 def _used_twice(root, nodes, limit: int = 4096) -> set:
     """The ``nodes`` that the graph under ``root`` (``limit`` nodes walked) reads more than once,
     counting the uses of the views made of them as theirs."""
@@ -468,6 +550,9 @@ class LossTermWatcher(LossGraphReader):
 
     def _judge(self, root, loc) -> None:
         terms = negative_terms(root)
+        if not terms:
+            added = variance_added(root)
+            terms = [("variance_added", added[0], added[1])] if added is not None else []
         if not terms:
             return
         tensors = self.rec.tensors
