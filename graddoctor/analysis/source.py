@@ -157,6 +157,9 @@ class ScriptSource:
     def variance_added_lines(self, path: str) -> list[tuple[int, str, str]]:
         return variance_added_lines(self.full(path))
 
+    def self_product_lines(self, path: str) -> list[tuple[int, str, str]]:
+        return self_product_lines(self.full(path))
+
     def factor_mentions(self, path: str, line: int, function: str, lr_text: str | None,
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
@@ -2255,6 +2258,31 @@ def variance_added_lines(path: str) -> list[tuple[int, str, str]]:
             seen.add(line)
             out.append((line, text, x))
     return out
+
+
+def self_product_lines(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, x)`` of each matrix product of an expression with itself: ``x @ x``,
+    ``torch.bmm(x, x)``, ``torch.mm(x, x)``, ``torch.matmul(x, x)``, ``x.bmm(x)``, ``x.matmul(x)``."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    out, seen = [], set()
+    for node in walk(tree):
+        pair = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            pair = node.left, node.right
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("bmm", "mm", "matmul"):
+            root = node.func.value
+            if isinstance(root, ast.Name) and root.id in ("torch", "th") and len(node.args) == 2:
+                pair = node.args[0], node.args[1]
+            elif not (isinstance(root, ast.Name) and root.id in ("torch", "th")) and len(node.args) == 1:
+                pair = root, node.args[0]
+        if pair is None or ast.unparse(pair[0]) != ast.unparse(pair[1]) or node.lineno in seen:
+            continue
+        seen.add(node.lineno)
+        out.append((node.lineno, ast.unparse(node), ast.unparse(pair[0])))
+    return sorted(out)
 
 
 def _weighted_names(node: ast.AST) -> set:

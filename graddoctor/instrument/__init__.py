@@ -128,6 +128,7 @@ from .padmask import PaddingMaskWatcher
 from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .flipalign import FlipAlignWatcher
+from .selfproduct import SelfProductWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
@@ -545,6 +546,11 @@ class Instrumentation:
         flips = FlipAlignWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, flips.describe_loss)
         self.watchers.append(flips)
+        # a matrix times itself compared with a constant, A @ A - I where A @ A^T was meant
+        # (orthogonality-without-transpose): the graph of the first backwards of each line
+        self_products = SelfProductWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, self_products.describe_loss)
+        self.watchers.append(self_products)
         # a convolution's output pooled over its channels and fed to a Linear
         # (pooled-over-channels): the graph of the first backwards walked, no wrapper
         channel_pool = ChannelPoolWatcher(rec)
