@@ -430,7 +430,7 @@ self_product_offset op (the product's autograd node: ``BmmBackward0``, ``MmBackw
                    same saved tensor both sides, the same strides), compared with a constant
                    (minus a constant: an identity; or a regression loss's input): an
                    orthogonality penalty ||A A^T - I|| written A @ A (loc: the backward; an
-                   aside; instrument/selfproduct.py)
+                   aside; instrument/lossterms.py)
 placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
                    stand apart from its positive values | padded: sequences of frames ending

@@ -1,4 +1,4 @@
-"""orthogonality-without-transpose (GD418): the graph search of instrument/selfproduct.py, the
+"""orthogonality-without-transpose (GD418): the graph search of instrument/lossterms.py, the
 source lookup of the product's line, and the rule over hand-written traces."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from graddoctor import events as ev
 from graddoctor.analysis.source import self_product_lines
-from graddoctor.instrument.selfproduct import offset_self_products
+from graddoctor.instrument.lossterms import offset_self_products
 from rule_traces import builder, findings, only
 
 SLUG = "orthogonality-without-transpose"

@@ -128,7 +128,6 @@ from .padmask import PaddingMaskWatcher
 from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .flipalign import FlipAlignWatcher
-from .selfproduct import SelfProductWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
@@ -434,7 +433,9 @@ class Instrumentation:
         batch_target = BatchTargetWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, batch_target.describe_loss)
         self.watchers.append(batch_target)
-        # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
+        # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below),
+        # a variance written with a plus (variance-sign-flipped) and a matrix times itself held
+        # to a constant (orthogonality-without-transpose)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
@@ -546,11 +547,6 @@ class Instrumentation:
         flips = FlipAlignWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, flips.describe_loss)
         self.watchers.append(flips)
-        # a matrix times itself compared with a constant, A @ A - I where A @ A^T was meant
-        # (orthogonality-without-transpose): the graph of the first backwards of each line
-        self_products = SelfProductWatcher(rec)
-        rec.subscribe(DESCRIBE_LOSS, self_products.describe_loss)
-        self.watchers.append(self_products)
         # a convolution's output pooled over its channels and fed to a Linear
         # (pooled-over-channels): the graph of the first backwards walked, no wrapper
         channel_pool = ChannelPoolWatcher(rec)

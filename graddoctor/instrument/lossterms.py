@@ -34,6 +34,15 @@ one node ``x`` reached with the same positive sign — the scale-invariant log l
 ``(d ** 2).mean() + lam * d.mean() ** 2``, which is no longer scale-invariant: it is only told
 when the loss holds no unbounded term.
 
+The same reader, at the same backwards, searches the loss's graph (``_PRODUCT_NODES`` nodes,
+breadth first) for a ``BmmBackward0`` or ``MmBackward0`` whose two saved operands are one tensor
+seen the same way (the same storage, offset, shape and strides: a transposed view has other
+strides) of square matrices, read by a node that compares it with a constant: a subtraction or
+addition with one computed input (``A @ A - eye``) or a regression loss (``mse_loss(A @ A,
+eye)``): an orthogonality penalty ``||A A^T - I||`` written without the transpose
+(orthogonality-without-transpose). One ``self_product_offset`` aside event per backward line
+(loc: the backward; the rule finds the product's line in the source).
+
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
 each term found a walk to its leaves; at the first backwards of a line only.
 """
@@ -45,7 +54,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import reached, saved
+from .graphpaths import nodes_below, reached, saved
 from .lossfactor import python_number
 from .recorder import Recorder
 
@@ -457,6 +466,43 @@ def _past_views(node):
 
 
 
+# -- a matrix times itself held to a constant (orthogonality-without-transpose) ---------------
+_PRODUCT_NODES = 2048  # graph nodes searched for a self product, at most
+_COMPARE = ("SubBackward0", "AddBackward0", "RsubBackward1", "SubBackward1", "AddBackward1",
+            "MseLossBackward", "L1LossBackward", "SmoothL1LossBackward", "HuberLossBackward")
+
+
+def _same_view(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dim() >= 2 and a.shape[-1] == a.shape[-2])
+
+
+def self_product(node) -> bool:
+    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice."""
+    name = type(node).__name__
+    if name not in ("BmmBackward0", "MmBackward0"):
+        return False
+    return _same_view(saved(node, "_saved_self"), saved(node, "_saved_mat2"))
+
+
+def offset_self_products(root, limit: int = _PRODUCT_NODES) -> list:
+    """The self products (``A @ A``) below ``root`` that a node compares with a constant."""
+    found = []
+    nodes, _ = nodes_below([root], limit)
+    for node in nodes:
+        name = type(node).__name__
+        if not name.startswith(_COMPARE):
+            continue
+        children = _children(node)
+        if len(children) != 1:
+            continue  # two computed inputs: not a comparison with a constant
+        product = _past_views(children[0][1])
+        if product is not None and self_product(product) and product not in found:
+            found.append(product)
+    return found
+
+
 class PerLine:
     """The backwards a watcher that reads the loss's graph looks at: the first ``per_line`` of
     each backward line (a phase that starts later has a line of its own), ``lines`` lines at
@@ -548,7 +594,12 @@ class LossGraphReader:
 class LossTermWatcher(LossGraphReader):
     label = "loss_unbounded"
 
+    def __init__(self, rec: Recorder):
+        super().__init__(rec)
+        self._products_told: set = set()
+
     def _judge(self, root, loc) -> None:
+        self._self_products(root, loc)
         terms = negative_terms(root)
         if not terms:
             added = variance_added(root)
@@ -565,6 +616,24 @@ class LossTermWatcher(LossGraphReader):
             self._done.add(loc)
             self.rec.emit_aside(ev.loss_unbounded(term=term, op=type(node).__name__, params=pids[:64],
                                                   line=getattr(loc, "line", None)), loc)
+            return
+
+    def _self_products(self, root, loc) -> None:
+        """A matrix times itself held to a constant (``self_product_offset``), once per line."""
+        if loc in self._products_told:
+            return
+        tensors = self.rec.tensors
+        for product in offset_self_products(root):
+            common = reached(product, _LEAF_NODES, truncate=True)[1]
+            pids = sorted(pid for i in common
+                          if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+            if not pids:
+                continue
+            matrix = saved(product, "_saved_self")
+            self._products_told.add(loc)
+            self.rec.emit_aside(ev.self_product_offset(
+                op=type(product).__name__, shape=[int(s) for s in matrix.shape[-2:]],
+                params=pids[:64], line=getattr(loc, "line", None)), loc)
             return
 
     def install(self, patcher) -> None:
