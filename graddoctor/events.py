@@ -424,6 +424,14 @@ bag_offsets        how (decreasing: a start below the one before | empty: half t
                    fewer), last (the last bag's items) — offsets given to F.embedding_bag at one
                    of its first 8 calls that are no running start positions, once per call line
                    (loc: the call; an aside; instrument/bagoffsets.py)
+self_product_offset op (the product's autograd node: ``BmmBackward0``, ``MmBackward0``), shape
+                   (the square matrices'), params [pid] (tracked tensors the matrix reaches),
+                   line (the backward's line) — the loss's graph at one of the first backwards
+                   of a line holds a matrix multiplied by itself, not by its transpose (the
+                   same saved tensor both sides, the same strides), compared with a constant
+                   (minus a constant: an identity; or a regression loss's input): an
+                   orthogonality penalty ||A A^T - I|| written A @ A (loc: the backward; an
+                   aside; instrument/lossterms.py)
 placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
                    stand apart from its positive values | padded: sequences of frames ending
@@ -773,7 +781,11 @@ augment_misaligned cls (the dataset's class), image, mask (the two fields of a s
                    shape (their last two axes) — a sample whose image and mask (the same last
                    two axes) have pixels from different places after the dataset's
                    augmentation; once per dataset (loc: the line of that op; an aside;
-                   instrument/augalign.py)
+                   instrument/augalign.py). With cls "" the training loop's: a batch the
+                   model reads flipped along other image axes than another tensor of its
+                   last two axes in the same turn; image and mask are then {"line", "axes"
+                   (flipped, counted from the end)} of the two flips (loc: the target's flip;
+                   instrument/flipalign.py)
 target_remapped    fn (the loss function), shape (the target's), how ("void": an out-of-range
                    served label made a class the others keep; "shifted": labels covering the
                    classes moved by a constant onto ignore_index; "rescaled": a float target
@@ -1246,7 +1258,9 @@ loss_term_params   terms [{path (the additions' operand indices from the loss's 
                    that fall into two groups or more sharing no parameter — at the first
                    backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
 loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
-                   "log_softmax": log_softmax(x).gather(1, a), both with a positive sign), op
+                   "log_softmax": log_softmax(x).gather(1, a), both with a positive sign |
+                   "variance_added": mean(x ** 2) + c * mean(x) ** 2, a variance whose minus
+                   became a plus: bounded, not scale-invariant any more), op
                    (the autograd node: ``ExpBackward0``, ``PowBackward0``), params [pid]
                    (tracked tensors its argument reaches), line (the backward's line): a
                    backward's loss holds a term -c * exp(v) or -c * v**2 (c > 0) of an unbounded
@@ -1523,7 +1537,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops``, ``self_product_offset`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1878,6 +1892,10 @@ def grid_scale(*, how: str, low: float, high: float, outside: float, coords: int
     return "grid_scale", {"how": how, "low": low, "high": high, "outside": outside,
                           "coords": coords, "size": size, "padding": padding, "mode": mode,
                           "grad": grad}
+
+
+def self_product_offset(*, op: str, shape: list[int], params: list[int], line: int | None = None) -> Made:
+    return "self_product_offset", {"op": op, "shape": shape, "params": params, "line": line}
 
 
 def placeholder_targets(*, fn: str, shape: list[int], how: str, share: float, rows: int,
@@ -2785,7 +2803,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "weighted_class_absent": weighted_class_absent, "overlap_scores": overlap_scores, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
-    "pixels_unscaled": pixels_unscaled,
+    "pixels_unscaled": pixels_unscaled, "self_product_offset": self_product_offset,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
@@ -2820,7 +2838,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "uniform_weight", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
+ASIDE_KINDS = frozenset({"self_product_offset", "dropout_default", "class_weights", "uniform_weight", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "phase_hold", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",

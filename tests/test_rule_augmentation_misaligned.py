@@ -134,3 +134,80 @@ def test_a_one_hot_mask_put_channels_first_is_no_move():
     assert (apart["op"], apart["moved"]) == ("flip", "image")
     (turned,) = _events(lambda i, x, m: (x, F.one_hot(m, 2).flip(0).permute(2, 0, 1).float()))
     assert (turned["op"], turned["moved"]) == ("flip", "mask")  # rows of the one-hot flipped
+
+
+# -- the training loop's flips (instrument/flipalign.py) -------------------------------------------
+
+def _flip(out, parent, axes, line):
+    from graddoctor.instrument.flipalign import _Flip
+    from graddoctor.trace import Location
+
+    return _Flip(out, parent, frozenset(axes), Location("train.py", line))
+
+
+def test_a_target_flipped_along_another_axis_than_the_read_input_is_paired_and_found():
+    from graddoctor.instrument.flipalign import misaligned
+
+    img, depth = torch.rand(2, 3, 8, 8), torch.rand(2, 1, 8, 8)
+    flips = [_flip(img, None, [-1], 10), _flip(depth, None, [-2], 11)]
+    source, target = misaligned(flips, {(img.data_ptr(), img.numel())})
+    assert (source.loc.line, target.loc.line) == (10, 11)
+    # the same axis: silent; nothing read: nothing judged
+    assert misaligned([_flip(img, None, [-1], 10), _flip(depth, None, [-1], 11)],
+                      {(img.data_ptr(), img.numel())}) is None
+    assert misaligned(flips, set()) is None
+
+
+def test_views_both_read_and_a_target_of_other_size_are_not_judged():
+    from graddoctor.instrument.flipalign import misaligned
+
+    a, b = torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8)
+    read = {(a.data_ptr(), a.numel()), (b.data_ptr(), b.numel())}
+    assert misaligned([_flip(a, None, [-1], 10), _flip(b, None, [-2], 11)], read) is None
+    small = torch.rand(2, 1, 4, 4)
+    assert misaligned([_flip(a, None, [-1], 10), _flip(small, None, [-2], 11)],
+                      {(a.data_ptr(), a.numel())}) is None
+
+
+def test_a_flip_feeding_a_later_flip_that_is_read_moves_the_input():
+    from graddoctor.instrument.flipalign import misaligned
+
+    x1, x2 = torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8)
+    y1, y2 = torch.rand(2, 8, 8), torch.rand(2, 8, 8)
+    flips = [_flip(x1, None, [-1], 10), _flip(y1, None, [-1], 11),
+             _flip(x2, 0, [-2], 12), _flip(y2, 1, [-2], 13)]
+    assert misaligned(flips, {(x2.data_ptr(), x2.numel())}) is None
+    flips[3] = _flip(y2, 1, [-1], 13)
+    assert misaligned(flips, {(x2.data_ptr(), x2.numel())})[1].loc.line == 13
+
+
+def test_the_watcher_tells_a_loop_flip_at_the_targets_line():
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    net = torch.nn.Conv2d(3, 1, 3, padding=1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Instrumentation(rec):
+        for _ in range(3):
+            x, z = torch.rand(2, 3, 8, 8), torch.rand(2, 1, 8, 8)
+            x = x.flip(-1)
+            z = torch.flip(z, dims=[2])
+            loss = F.mse_loss(net(x), z)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert not rec.trace.of_kind("internal_error")
+    told = rec.trace.of_kind("augment_misaligned")
+    assert len(told) == 1 and told[0]["cls"] == "" and told[0]["mask"]["axes"] == [-2]
+    assert told[0]["image"]["axes"] == [-1]
+
+
+def test_the_rule_words_the_loop_flip():
+    t = builder()
+    t.put(ev.augment_misaligned(cls="", image={"line": 20, "axes": [-1]}, mask={"line": 21, "axes": [-2]},
+                                op="flip", moved="mask", shape=[8, 8]), line=21)
+    t.backward(fresh=P, line=30)
+    t.step(0, line=31)
+    f = only(t, SLUG)
+    assert f.location.line == 21 and f.severity == Severity.WARNING
+    assert "height (-2)" in f.message and "line 20" in f.message and "width (-1)" in f.message
+    assert "dims=[-1]" in f.fix

@@ -95,6 +95,22 @@ def test_a_loss_negating_another_name_keeps_the_loss_line(tmp_path):
     assert term_line(str(script), 5, "square") is None
 
 
+def test_a_term_subtracted_with_its_weight_keeps_the_loss_line(tmp_path):
+    # the square is written on its own line with a plus sign; the minus is the loss's
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for step in range(3):\n"
+        "    eik = ((g.norm(dim=-1) - 1.0) ** 2).mean()\n"
+        "    loss = fit - lam * eik\n"
+        "    loss2 = fit - eik / 2\n"
+        "    loss3 = fit + lam * eik\n"
+        "    loss4 = -(lam * eik) + fit\n")
+    assert term_line(str(script), 3, "square") is None
+    assert term_line(str(script), 4, "square") is None
+    assert term_line(str(script), 5, "square") == (2, "eik = ((g.norm(dim=-1) - 1.0) ** 2).mean()")
+    assert term_line(str(script), 6, "square") is None
+
+
 def _trace(params):
     t = builder(params=[0, 1])
     t.clear([0, 1], line=10)

@@ -195,3 +195,19 @@ def test_reads_target_tells_an_autoencoder_from_a_slice_of_the_same_tensor():
     assert not is_colour(depth)
     flat = nn.Linear(192, 192)
     assert reads_target(flat(images.flatten(1)).view_as(images), images)
+
+
+def test_colour_rows_predicted_in_the_unit_range_are_colours_not_a_canvas():
+    from graddoctor.instrument.placeholders import is_colour_rows
+
+    g = torch.Generator().manual_seed(0)
+    colours = torch.rand(64, 3, generator=g)
+    colours[::2] = 0.0  # black pixels (a disc on a black background)
+    assert judge_targets(colours)["how"] == "rows"  # the rows alone read as a canvas
+    assert is_colour_rows(torch.sigmoid(torch.randn(64, 3, generator=g)), colours)
+    assert not is_colour_rows(torch.randn(64, 3, generator=g), colours)  # an unbounded head
+    offsets = colours * 4 - 1
+    offsets[::2] = 0.0
+    assert not is_colour_rows(torch.rand(64, 3, generator=g), offsets)  # values outside [0, 1]
+    keypoints = torch.rand(64, 2, generator=g)
+    assert not is_colour_rows(torch.rand(64, 2, generator=g), keypoints)  # (x, y): coordinates

@@ -147,6 +147,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_grad_graph_unused_penalty.py",  # grad_graph_unused
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
+            "losses/bad_orthogonality_without_transpose_weight.py",  # self_product_offset
             "losses/bad_loss_term_concave_where.py",  # concave_term
             "losses/bad_log_det_sign_reversed_coupling.py",  # log_scale_reversed
             "masks/bad_autoregressive_mask_made_output_loose.py",  # mask_sees_itself

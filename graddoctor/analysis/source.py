@@ -160,6 +160,12 @@ class ScriptSource:
     def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
         return term_line(self.full(path), line, term)
 
+    def variance_added_lines(self, path: str) -> list[tuple[int, str, str]]:
+        return variance_added_lines(self.full(path))
+
+    def self_product_lines(self, path: str) -> list[tuple[int, str, str]]:
+        return self_product_lines(self.full(path))
+
     def factor_mentions(self, path: str, line: int, function: str, lr_text: str | None,
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
@@ -2250,14 +2256,134 @@ def _term_assignment(loss: ast.AST, before: list, term: str, first: int) -> tupl
     name = candidates[0].targets[0].id
     for sub in walk(loss):  # loss = recon - kld, loss = -kld + recon
         # a name the loss negates is where the sign is, whether or not it is the line that
-        # writes the square: `loss = (nll - kl)` with the KL's mu ** 2 inside `model.kl()`
+        # writes the square: `loss = (nll - kl)` with the KL's mu ** 2 inside `model.kl()`;
+        # so is the term itself negated with its weight (`loss = fit - lam * eik`)
         if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)) \
                 or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
                     and isinstance(sub.operand, ast.Name)):
             return None
+        negated = sub.right if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) \
+            else sub.operand if isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub) else None
+        if negated is not None and name in _weighted_names(negated):
+            return None
     if not any(isinstance(sub, ast.Name) and sub.id == name for sub in walk(loss)):
         return None  # the loss does not read it
     return candidates[0].lineno, ast.unparse(candidates[0]).strip()
+
+
+def _mean_arg(node: ast.AST) -> ast.AST | None:
+    """``x`` of ``x.mean()``, ``torch.mean(x)``, ``x.sum()``, ``torch.sum(x)`` (with or without
+    axes), and of those divided by something; else None."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        node = node.left
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("mean", "sum"):
+        root = node.func.value
+        if isinstance(root, ast.Name) and root.id in ("torch", "th"):
+            return node.args[0] if node.args else None
+        return root
+    return None
+
+
+def _square_arg(node: ast.AST) -> ast.AST | None:
+    """``x`` of ``x ** 2``, ``x.pow(2)``, ``torch.pow(x, 2)``, ``torch.square(x)``, ``x.square()``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) \
+            and isinstance(node.right, ast.Constant) and node.right.value == 2:
+        return node.left
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        root, attr = node.func.value, node.func.attr
+        is_torch = isinstance(root, ast.Name) and root.id in ("torch", "th")
+        if attr == "pow" and not is_torch and node.args and isinstance(node.args[0], ast.Constant) \
+                and node.args[0].value == 2:
+            return root
+        if attr == "pow" and is_torch and len(node.args) == 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value == 2:
+            return node.args[0]
+        if attr == "square":
+            return node.args[0] if is_torch and node.args else (None if is_torch else root)
+    return None
+
+
+def _signed_parts(node: ast.AST, sign: int = 1):
+    """The terms of a sum or difference with their signs (products by anything keep the sign
+    of the factor's place: ``lam * m ** 2`` is ``+``)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        yield from _signed_parts(node.left, sign)
+        yield from _signed_parts(node.right, -sign if isinstance(node.op, ast.Sub) else sign)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        yield from _signed_parts(node.operand, -sign)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+        for side in (node.left, node.right) if isinstance(node.op, ast.Mult) else (node.left,):
+            if _mean_arg(side) is not None or _square_arg(side) is not None:
+                yield side, sign
+            elif isinstance(side, ast.BinOp) and isinstance(side.op, (ast.Mult, ast.Div)):
+                yield from _signed_parts(side, sign)
+    else:
+        yield node, sign
+
+
+def variance_added_lines(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, x)`` of each expression that adds the square of ``x``'s mean to the mean
+    of ``x``'s squares (``(d ** 2).mean() + lam * d.mean() ** 2``)."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
+            continue
+        squares, means = {}, {}
+        for part, sign in _signed_parts(node):
+            inner = _mean_arg(part)
+            if inner is not None and _square_arg(inner) is not None:
+                squares.setdefault(ast.unparse(_square_arg(inner)), set()).add(sign)
+            inner = _square_arg(part)
+            if inner is not None and _mean_arg(inner) is not None:
+                means.setdefault(ast.unparse(_mean_arg(inner)), set()).add(sign)
+        for x, signs in means.items():
+            if signs == squares.get(x) == {1}:
+                found.append((node.lineno, ast.unparse(node), x))
+    seen, out = set(), []
+    for line, text, x in found:  # an inner sum of the same line is the same finding
+        if line not in seen:
+            seen.add(line)
+            out.append((line, text, x))
+    return out
+
+
+def self_product_lines(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, x)`` of each matrix product of an expression with itself: ``x @ x``,
+    ``torch.bmm(x, x)``, ``torch.mm(x, x)``, ``torch.matmul(x, x)``, ``x.bmm(x)``, ``x.matmul(x)``."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    out, seen = [], set()
+    for node in walk(tree):
+        pair = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            pair = node.left, node.right
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("bmm", "mm", "matmul"):
+            root = node.func.value
+            if isinstance(root, ast.Name) and root.id in ("torch", "th") and len(node.args) == 2:
+                pair = node.args[0], node.args[1]
+            elif not (isinstance(root, ast.Name) and root.id in ("torch", "th")) and len(node.args) == 1:
+                pair = root, node.args[0]
+        if pair is None or ast.unparse(pair[0]) != ast.unparse(pair[1]) or node.lineno in seen:
+            continue
+        seen.add(node.lineno)
+        out.append((node.lineno, ast.unparse(node), ast.unparse(pair[0])))
+    return sorted(out)
+
+
+def _weighted_names(node: ast.AST) -> set:
+    """The names a product or quotient is made of (``lam * eik``, ``eik / n``, ``0.1 * eik``)."""
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _weighted_names(node.left) | _weighted_names(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return _weighted_names(node.left)
+    return set()
 
 
 def _is_cpu_device(node: ast.AST) -> bool:

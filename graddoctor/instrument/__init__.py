@@ -127,6 +127,7 @@ from .ignoredmask import IgnoredMaskWatcher
 from .padmask import PaddingMaskWatcher
 from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
+from .flipalign import FlipAlignWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
@@ -432,7 +433,9 @@ class Instrumentation:
         batch_target = BatchTargetWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, batch_target.describe_loss)
         self.watchers.append(batch_target)
-        # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
+        # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below),
+        # a variance written with a plus (variance-sign-flipped) and a matrix times itself held
+        # to a constant (orthogonality-without-transpose)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
@@ -539,6 +542,11 @@ class Instrumentation:
         log_targets = LogTargetWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, log_targets.describe_loss)
         self.watchers.append(log_targets)
+        # a batch and its dense target flipped along different axes in the loop
+        # (augmentation-misaligned): the flips of the first backwards' turns
+        flips = FlipAlignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, flips.describe_loss)
+        self.watchers.append(flips)
         # a convolution's output pooled over its channels and fed to a Linear
         # (pooled-over-channels): the graph of the first backwards walked, no wrapper
         channel_pool = ChannelPoolWatcher(rec)

@@ -27,6 +27,22 @@ positive sign that the loss reads nowhere else (a log-likelihood minimised; the 
 estimator's ``+logp`` is balanced by its ``exp(ref - logp)``). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
+The same walk, started below the loss's increasing functions (``sqrt``, ``log``), finds a variance
+written out with a plus (term ``variance_added``; variance-sign-flipped): the mean of ``x``'s
+squares and the square of ``x``'s mean (``x ** 2``, ``x.pow(2)``, ``x * x``; a mean or a sum) of
+one node ``x`` reached with the same positive sign — the scale-invariant log loss
+``(d ** 2).mean() + lam * d.mean() ** 2``, which is no longer scale-invariant: it is only told
+when the loss holds no unbounded term.
+
+The same reader, at the same backwards, searches the loss's graph (``_PRODUCT_NODES`` nodes,
+breadth first) for a ``BmmBackward0`` or ``MmBackward0`` whose two saved operands are one tensor
+seen the same way (the same storage, offset, shape and strides: a transposed view has other
+strides) of square matrices, read by a node that compares it with a constant: a subtraction or
+addition with one computed input (``A @ A - eye``) or a regression loss (``mse_loss(A @ A,
+eye)``): an orthogonality penalty ``||A A^T - I||`` written without the transpose
+(orthogonality-without-transpose). One ``self_product_offset`` aside event per backward line
+(loc: the backward; the rule finds the product's line in the source).
+
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
 each term found a walk to its leaves; at the first backwards of a line only.
 """
@@ -38,7 +54,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import reached, saved
+from .graphpaths import nodes_below, reached, saved
 from .lossfactor import python_number
 from .recorder import Recorder
 
@@ -333,6 +349,81 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     return found
 
 
+_MONOTONE = ("SqrtBackward", "LogBackward", "Log1pBackward")  # increasing: keep a term's sign
+
+
+def _square_of(node):
+    """``x`` for ``x ** 2``, ``x.pow(2)``, ``x * x`` (past views), else None."""
+    name = type(node).__name__
+    children = _children(node)
+    if name == "PowBackward0" and len(children) == 1 and saved(node, "_saved_exponent") == 2:
+        return _past_views(children[0][1])
+    if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
+        return _past_views(children[0][1])
+    return None
+
+
+def _mean_of(node):
+    """``x`` for a mean or sum of ``x`` (past views), else None."""
+    children = _children(node)
+    if type(node).__name__.startswith(("MeanBackward", "SumBackward")) and len(children) == 1:
+        return _past_views(children[0][1])
+    return None
+
+
+def _past_scale(node):
+    """Past products and quotients by a constant (``x.sum() / n``)."""
+    for _ in range(4):
+        name = type(node).__name__
+        children = _children(node)
+        if name not in ("MulBackward0", "DivBackward0", "MulBackward1", "DivBackward1") or len(children) != 1 \
+                or (name.startswith("Div") and children[0][0] != 0):
+            return node
+        node = children[0][1]
+    return node
+
+
+def variance_added(root, limit: int = _NODES):
+    """``(node, x)``: the mean of ``x``'s squares and the square of ``x``'s mean in the loss's
+    linear top with one sign — a variance E[x²] - λ·E[x]² written with a plus (the
+    scale-invariant log loss of depth estimation with its sign flipped), or None. The walk starts
+    below increasing functions at the root (the loss's ``sqrt``, ``log``)."""
+    for _ in range(8):
+        name = type(root).__name__
+        children = _children(root)
+        if root is None or len(children) != 1:
+            break
+        if name.startswith(_MONOTONE) or name.startswith(_KEEP[:12]):
+            root = children[0][1]
+            continue
+        if name in ("MulBackward0", "DivBackward0") and (name == "MulBackward0" or children[0][0] == 0) \
+                and _sign_of(saved(root, "_saved_other" if children[0][0] == 0 else "_saved_self")) == 1.0:
+            root = children[0][1]
+            continue
+        break
+    squares: dict = {}  # x -> (signs of mean(x ** 2), the node)
+    means: dict = {}  # x -> (signs of mean(x) ** 2, the node)
+
+    def visit(node, sign, name, children) -> bool:
+        inner = _mean_of(node)
+        if inner is not None:
+            x = _square_of(inner)
+            if x is not None:
+                squares.setdefault(x, (set(), node))[0].add(sign)
+        inner = _square_of(node)
+        if inner is not None:
+            x = _mean_of(_past_scale(inner))
+            if x is not None:
+                means.setdefault(x, (set(), node))[0].add(sign)
+        return False
+
+    signed_walk(root, limit, visit)
+    for x, (signs, node) in means.items():
+        if x in squares and signs == squares[x][0] == {1.0}:
+            return node, x
+    return None
+
+
 def _used_twice(root, nodes, limit: int = 4096) -> set:
     """The ``nodes`` that the graph under ``root`` (``limit`` nodes walked) reads more than once,
     counting the uses of the views made of them as theirs."""
@@ -373,6 +464,43 @@ def _past_views(node):
         node = children[0][1]
     return node
 
+
+
+# -- a matrix times itself held to a constant (orthogonality-without-transpose) ---------------
+_PRODUCT_NODES = 2048  # graph nodes searched for a self product, at most
+_COMPARE = ("SubBackward0", "AddBackward0", "RsubBackward1", "SubBackward1", "AddBackward1",
+            "MseLossBackward", "L1LossBackward", "SmoothL1LossBackward", "HuberLossBackward")
+
+
+def _same_view(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dim() >= 2 and a.shape[-1] == a.shape[-2])
+
+
+def self_product(node) -> bool:
+    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice."""
+    name = type(node).__name__
+    if name not in ("BmmBackward0", "MmBackward0"):
+        return False
+    return _same_view(saved(node, "_saved_self"), saved(node, "_saved_mat2"))
+
+
+def offset_self_products(root, limit: int = _PRODUCT_NODES) -> list:
+    """The self products (``A @ A``) below ``root`` that a node compares with a constant."""
+    found = []
+    nodes, _ = nodes_below([root], limit)
+    for node in nodes:
+        name = type(node).__name__
+        if not name.startswith(_COMPARE):
+            continue
+        children = _children(node)
+        if len(children) != 1:
+            continue  # two computed inputs: not a comparison with a constant
+        product = _past_views(children[0][1])
+        if product is not None and self_product(product) and product not in found:
+            found.append(product)
+    return found
 
 
 class PerLine:
@@ -466,8 +594,16 @@ class LossGraphReader:
 class LossTermWatcher(LossGraphReader):
     label = "loss_unbounded"
 
+    def __init__(self, rec: Recorder):
+        super().__init__(rec)
+        self._products_told: set = set()
+
     def _judge(self, root, loc) -> None:
+        self._self_products(root, loc)
         terms = negative_terms(root)
+        if not terms:
+            added = variance_added(root)
+            terms = [("variance_added", added[0], added[1])] if added is not None else []
         if not terms:
             return
         tensors = self.rec.tensors
@@ -480,6 +616,24 @@ class LossTermWatcher(LossGraphReader):
             self._done.add(loc)
             self.rec.emit_aside(ev.loss_unbounded(term=term, op=type(node).__name__, params=pids[:64],
                                                   line=getattr(loc, "line", None)), loc)
+            return
+
+    def _self_products(self, root, loc) -> None:
+        """A matrix times itself held to a constant (``self_product_offset``), once per line."""
+        if loc in self._products_told:
+            return
+        tensors = self.rec.tensors
+        for product in offset_self_products(root):
+            common = reached(product, _LEAF_NODES, truncate=True)[1]
+            pids = sorted(pid for i in common
+                          if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+            if not pids:
+                continue
+            matrix = saved(product, "_saved_self")
+            self._products_told.add(loc)
+            self.rec.emit_aside(ev.self_product_offset(
+                op=type(product).__name__, shape=[int(s) for s in matrix.shape[-2:]],
+                params=pids[:64], line=getattr(loc, "line", None)), loc)
             return
 
     def install(self, patcher) -> None:

@@ -37,6 +37,9 @@ CPU float tensor without gradient (a device's only before the first step: no hos
 
 One ``placeholder_targets`` aside event per call line (loc: the loss call).
 
+Rows of three values in [0, 1] whose prediction lies in [0, 1] too are colours (a NeRF's rays
+over a black background: a black ray is a colour), not a canvas of coordinates: left out.
+
 A colour image the prediction was computed from is left out: an autoencoder (a slot-attention or
 VAE reconstruction of images of objects on a black background) reconstructs its own input,
 whose zeros are black pixels like the others' colours. A one- or two-channel map the model reads
@@ -182,6 +185,19 @@ def is_colour(target: torch.Tensor) -> bool:
     return target.dim() == 4 and (target.shape[1] in (3, 4) or target.shape[-1] in (3, 4))
 
 
+def is_colour_rows(input: torch.Tensor, target: torch.Tensor) -> bool:
+    """Rows of red, green and blue in [0, 1] predicted in [0, 1] too: pixels or rays' colours
+    (a NeRF's batch of rays over a black background, whose black rows are colours like the
+    others), not coordinates. A colour head bounds its output as its targets are bounded (a
+    sigmoid, alpha-composited); a box, offset or keypoint head's output is not bounded so."""
+    if target.dim() < 2 or int(target.shape[-1]) != 3 or not input.is_floating_point():
+        return False
+    with torch.no_grad():
+        low, high = (float(v) for v in torch.aminmax(target.detach()))
+        plow, phigh = (float(v) for v in torch.aminmax(input.detach()))
+    return 0.0 <= low and high <= 1.0 and 0.0 <= plow and phigh <= 1.0
+
+
 def reads_target(input: torch.Tensor, target: torch.Tensor) -> bool:
     """Whether a layer below ``input`` (the prediction) read the memory ``target`` lies in: the
     target is what the model was given (a reconstruction), not a canvas filled in for it."""
@@ -228,6 +244,8 @@ class PlaceholderTargetWatcher:
                 found = judge_padding(input, target)
             if found is None or (found["how"] == "sparse" and is_colour(target)
                                  and reads_target(input, target)):
+                return
+            if found["how"] == "rows" and is_colour_rows(input, target):
                 return
             loc = self.rec.here()
             if loc in self._told:

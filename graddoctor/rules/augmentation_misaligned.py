@@ -25,7 +25,11 @@ class AugmentationMisaligned(Rule):
     image (floating, many values) and mask (integers, or a few values) share their last two
     axes but not their pixels' places is reported at the op that moved one of them and not the
     other (for a helper that draws its own crop and is called once for each, at the call that
-    makes the mask's).
+    makes the mask's). Also a batch augmented in the training loop: a flip of the batch the
+    model reads (a layer's saved input in the loss's graph) and, in the same turn, a flip of
+    another tensor of the same last two axes (its depth map, mask or flow) along other image
+    axes (`img.flip(-1)` with `depth.flip(-2)`), seen at the first backwards and reported at the
+    target's flip.
 
     ## Why is this bad?
     A dense target must move with its input: each pixel's label is the label of the pixel at
@@ -60,7 +64,9 @@ class AugmentationMisaligned(Rule):
     classification input (its label has no pixels); two views of one image cropped differently
     for a contrastive loss (two images, no mask); augmentation done outside torch (NumPy,
     PIL, albumentations: not followed); datasets fetched in worker processes (`num_workers >
-    0`).
+    0`). In the loop: an image of (B, C, H, W) and a mask of (B, H, W) flipped along the same
+    axis named either way (`dims=[3]` and `dims=[2]`, or `-1` for both); two views of one batch
+    flipped apart, both fed to the model; a flow field flipped and negated.
     """
 
     code = "GD191"
@@ -74,6 +80,9 @@ class AugmentationMisaligned(Rule):
     def check(self, a):
         for e in a.of_kind("augment_misaligned"):
             if e.loc is None:
+                continue
+            if e.get("cls") == "":
+                yield self._in_loop(a, e)
                 continue
             op, moved = str(e.get("op")), e.get("moved")
             how = _HOW.get(op, "moves")
@@ -100,3 +109,25 @@ class AugmentationMisaligned(Rule):
                 evidence={"dataset": cls, "op": op, "moved": moved, "other": other,
                           "image": e.get("image"), "mask": e.get("mask"), "shape": e.get("shape")},
                 fix=fix)
+
+    def _in_loop(self, a, e):
+        """A batch flipped in the training loop and its target flipped along other axes."""
+        image, mask = e.get("image") or {}, e.get("mask") or {}
+        H, W = (e.get("shape") or [0, 0])[:2]
+        names = {-1: "width (-1)", -2: "height (-2)"}
+
+        def axes(side):
+            picked = [names[x] for x in side.get("axes") or () if x in names]
+            return " and ".join(picked) or "no image axis"
+
+        return self.finding(
+            f"this flip moves the target ({H}x{W}) along {axes(mask)}, while the batch the model "
+            f"reads, flipped at line {image.get('line')}, is flipped along {axes(image)}: after "
+            f"the augmentation a target pixel no longer belongs to the input pixel at its place, "
+            f"so every flipped batch trains the model on the target of a pixel mirrored the "
+            f"other way. The loss stalls above what it could reach and nothing fails",
+            e.loc, step=a.next_step_number(e.seq),
+            evidence={"dataset": None, "op": "flip", "moved": "mask", "other": "image",
+                      "image": image, "mask": mask, "shape": e.get("shape")},
+            fix=(f"flip the target along the same image axis as the input (counted from the end: "
+                 f"dims=[-1] for both flips the width whatever their number of axes)"))

@@ -81,9 +81,9 @@ class LossUnboundedBelow(Rule):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
         for e in a.of_kind("loss_unbounded"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
-            if not pids:
-                continue
             term = e.get("term")
+            if not pids or term == "variance_added":  # bounded: variance-sign-flipped's
+                continue
             loc, text = e.loc, None
             if loc is not None:
                 assigned = a.source.loss_assignment(loc.path, loc.line)

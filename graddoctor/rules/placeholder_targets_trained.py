@@ -53,7 +53,9 @@ class PlaceholderTargetsTrained(Rule):
     that carry a gradient; the log of a prediction (it carries a gradient) or of a dense map.
     An autoencoder's colour images (3 or 4 channels) that the model itself read as its input
     (objects on a black background reconstructed by a slot-attention or conv autoencoder: 0 is
-    a pixel value there); a one- or two-channel map given back that way still counts.
+    a pixel value there); a one- or two-channel map given back that way still counts. Rows of
+    three colours in [0, 1] predicted in [0, 1] (a sigmoid, alpha compositing): a NeRF's or a
+    coordinate network's pixels over a black background, where black is a colour like the others.
     For padded sequences: the valid frames selected (`pred[mask]`), a prediction masked to 0 at
     the padding as well (`mel_out.masked_fill_(~mask, 0)` before an MSE over everything), batches
     of one length, zero frames inside the sequences too (silence that is 0).
