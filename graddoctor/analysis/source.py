@@ -288,6 +288,9 @@ class ScriptSource:
     def target_filled_before(self, path: str, line: int) -> tuple[int, str, str] | None:
         return target_filled_before(self.full(path), line)
 
+    def adversarial_term_after(self, path: str, line: int) -> tuple[int, str] | None:
+        return adversarial_term_after(self.full(path), line)
+
     def snapshot_restored_later(self, path: str, line: int, name: str) -> tuple[int, str] | None:
         return snapshot_restored_later(self.full(path), line, name)
 
@@ -2417,6 +2420,58 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
                     if best is None or span <= best[0]:
                         best = (span, stmt, block, index)
     return None if best is None else best[1:]
+
+
+_CONSTANT_TARGETS = frozenset({"zeros_like", "ones_like", "full_like", "zeros", "ones", "full"})
+
+
+def adversarial_term_after(path: str, line: int) -> tuple[int, str] | None:
+    """For a model call on ``line`` whose outputs are bound to names and nothing more
+    (``_, fake_scores, real_fmaps, fake_fmaps = mpd(wav, wav_hat)``): ``(line, text)`` of the
+    first of the 4 statements after it in the same block that reads one of those names against
+    a constant target (``torch.zeros_like(g)``, ``(1 - g) ** 2``, ``g ** 2``), the term a
+    generator's loss takes from them; a feature-matching term, whose target is data, is passed
+    over. None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for block in walk(tree):
+        body = getattr(block, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            if not isinstance(stmt, ast.stmt) or stmt.lineno != line:
+                continue
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.value, ast.Call)):
+                return None
+            names = {n.id for n in walk(stmt.targets[0]) if isinstance(n, ast.Name)} - {"_"}
+            for after in body[i + 1:i + 5]:
+                value = getattr(after, "value", None)
+                if not isinstance(after, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or value is None:
+                    continue
+                read = {n.id for n in walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                if read & names and _constant_target(value):
+                    return after.lineno, ast.unparse(after).strip()
+            return None
+    return None
+
+
+def _constant_target(expr: ast.AST) -> bool:
+    """Does ``expr`` compare something with a constant target: a ``zeros_like``/``ones_like``
+    (or ``zeros``/``ones``/``full``) call, a difference with a number (``1 - g``), or a square
+    of a name (``g ** 2``: the target 0)?"""
+    for node in walk(expr):
+        if isinstance(node, ast.Call) and _last_name(node.func) in _CONSTANT_TARGETS:
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and any(
+                isinstance(side, ast.Constant) and isinstance(side.value, (int, float))
+                for side in (node.left, node.right)):
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) \
+                and isinstance(node.left, (ast.Name, ast.Subscript)):
+            return True
+    return False
 
 
 def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
