@@ -18,6 +18,13 @@ cosine near 1 says G's loss pushes D's output on its samples where D's loss does
 (``gan_same_target``, an aside at G's call of D). The rule checks that D and G are stepped by
 different optimizers.
 
+A vocoder's discriminator called on (real, generated) audio returns lists of scores and
+feature maps, no one tensor. An outermost call given a generator's samples hooks its submodules
+until it ends (only such a call: no other module call pays for it); when its output is no one
+tensor, the highest parts of it given the samples (each scale or period) are compared as above.
+A generated sample trimmed to the data's length (``y_hat[:, :n]``: as many axes of more than
+one entry, none longer, the memory of the output's base from its start) is the output still.
+
 A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
 
