@@ -246,3 +246,89 @@ def test_constant_level_reads_one_value_or_none():
     assert _constant_level(hinge) == -1 / 32
     assert _constant_level(torch.linspace(0.1, 0.9, 32).double()) is None
     assert _constant_level(torch.cat([torch.full((4,), 0.5), torch.zeros(28)]).double()) is None
+
+
+class _Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 5, padding=2)
+        self.out = nn.Conv1d(4, 1, 3, padding=1)
+
+    def forward(self, x):
+        feat = F.leaky_relu(self.conv(x.unsqueeze(1)), 0.1)
+        return self.out(feat).flatten(1), [feat]
+
+
+class _TwoScales(nn.Module):
+    """A vocoder's multi-scale discriminator: called on (real, generated), it returns lists of
+    scores and feature maps for each, no one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.scales = nn.ModuleList([_Scale(), _Scale()])
+        self.pool = nn.AvgPool1d(4, 2, padding=2)
+
+    def forward(self, y, y_hat):
+        real, fake, fmaps = [], [], []
+        for i, d in enumerate(self.scales):
+            if i:
+                y, y_hat = self.pool(y.unsqueeze(1)).squeeze(1), self.pool(y_hat.unsqueeze(1)).squeeze(1)
+            r, _ = d(y)
+            g, fm = d(y_hat)
+            real.append(r); fake.append(g); fmaps.append(fm)
+        return real, fake, fmaps
+
+
+def _vocoder(g_target: float, crop: bool = True):
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        G = nn.Sequential(nn.ConvTranspose1d(4, 1, 8, 4, padding=2), nn.Tanh())
+        D = _TwoScales()
+        opt_g = torch.optim.Adam(G.parameters(), lr=2e-4)
+        opt_d = torch.optim.Adam(D.parameters(), lr=2e-4)
+        for _ in range(3):
+            y = torch.tanh(torch.randn(8, 60))
+            out = G(torch.randn(8, 4, 16)).squeeze(1)
+            y_hat = out[:, :60] if crop else out[:, 2:62]  # trimmed to the data's length
+            real, fake, _ = D(y, y_hat.detach())
+            loss = sum(((1 - r) ** 2).mean() + (g ** 2).mean() for r, g in zip(real, fake))
+            opt_d.zero_grad()
+            loss.backward()
+            opt_d.step()
+            _, fake, _ = D(y, y_hat)
+            loss = sum(((g - g_target) ** 2).mean() for g in fake)
+            opt_g.zero_grad()
+            loss.backward()
+            opt_g.step()
+    return [e for e in rec.trace if e.kind == "gan_same_target"]
+
+
+def test_the_scales_of_a_discriminator_returning_lists_are_compared_on_a_cropped_sample():
+    found = _vocoder(g_target=0.0)  # the generator regressed to the fake target
+    assert len(found) == 1 and found[0]["critic"] == "_Scale" and found[0]["generator"] == "Sequential"
+    assert _vocoder(g_target=1.0) == []  # the real target: the generator opposes D
+
+
+def test_a_sample_cut_from_inside_the_output_is_not_taken_for_it():
+    # a crop that does not start where the output does reads other memory: not the sample
+    assert _vocoder(g_target=0.0, crop=False) == []
+
+
+def test_adversarial_term_after_finds_the_term_taken_from_the_bound_outputs(tmp_path):
+    from graddoctor.analysis.source import adversarial_term_after
+    script = tmp_path / "vocoder.py"
+    script.write_text(
+        "for step in range(3):\n"                                                   # 1
+        "    _, fake_scores, fmap_r, fmap_g = mpd(wav, wav_hat)\n"                  # 2
+        "    loss_fm = sum(F.l1_loss(g, r.detach()) for r, g in zip(fmap_r, fmap_g))\n"  # 3
+        "    loss_adv = sum(bce(g, torch.zeros_like(g)) for g in fake_scores)\n"    # 4
+        "    loss = loss_adv + loss_fm\n"                                           # 5
+        "    out = D(fake)\n"                                                       # 6
+        "    err = criterion(out, label)\n"                                         # 7
+        "    g = D(fake); lg = (g ** 2).mean()\n")                                  # 8
+    # the feature-matching term's target is data: passed over for the adversarial term
+    assert adversarial_term_after(str(script), 2) == (
+        4, "loss_adv = sum((bce(g, torch.zeros_like(g)) for g in fake_scores))")
+    assert adversarial_term_after(str(script), 6) is None  # the target is a name: not told here
+    assert adversarial_term_after(str(script), 3) is None  # no later statement reads loss_fm against a constant

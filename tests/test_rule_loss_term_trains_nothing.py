@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from graddoctor import events as ev
 from graddoctor.instrument.deadterm import additive_terms
 from graddoctor.rules.loss_term_trains_nothing import _function, _term_name
+from graddoctor.trace import TraceBuilder
 from rule_traces import builder, findings, only
 
 SLUG = "loss-term-trains-nothing"
@@ -184,3 +185,65 @@ def test_a_hand_written_term_is_followed_back_to_its_cut(tmp_path):
     assert graph_cut(str(script), 3, "pow") is None  # no loss call on the line
     line, text, how = graph_cut(str(script), 3, "pow", whole=True)
     assert (line, how) == (2, ".detach()")
+
+
+HELPER_GAN = (
+    "def g_loss(out):\n"                              # 1
+    "    return ((out - 1) ** 2).mean()\n"            # 2
+    "\n"                                              # 3
+    "for step in range(3):\n"                         # 4
+    "    opt_d.zero_grad()\n"                         # 5
+    "    d_loss = d_crit(D(real), D(fake.detach()))\n"  # 6
+    "    d_loss.backward()\n"                         # 7
+    "    opt_d.step()\n"                              # 8
+    "    opt_g.zero_grad()\n"                         # 9
+    "    d_out, feats = D(fake.detach())\n"           # 10
+    "    loss_g = 45 * l1(fake, real) + 2 * g_loss(d_out)\n"  # 11
+    "    loss_g.backward()\n"                         # 12
+    "    opt_g.step()\n")                             # 13
+
+
+def test_a_term_that_is_a_helpers_call_is_followed_back_to_its_cut(tmp_path):
+    from graddoctor.analysis.source import operand_cut, sum_operand_text
+    script = tmp_path / "gan.py"
+    script.write_text(HELPER_GAN)
+    # the trace's path runs on inside the helper's own sum: the call holds the term
+    assert operand_cut(str(script), 11, (1, 0, 0)) == (10, "d_out, feats = D(fake.detach())", ".detach()")
+    assert sum_operand_text(str(script), 11, (1, 0)) == "g_loss(d_out)"
+    assert operand_cut(str(script), 11, (0,)) is None  # the L1 term: nothing cut behind it
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.optimizer(1, [2, 3], line=2)
+    for _ in range(3):
+        t.clear([2, 3], opt=1, line=5)
+        t.backward(fresh=[2, 3], line=7)
+        t.step(1, line=8)
+        t.clear([0, 1], opt=0, line=9)
+        t.put(ev.loss_term_params(terms=[{"path": [0], "op": "AbsBackward0", "params": [0, 1]},
+                                         {"path": [1, 0], "op": "PowBackward0", "params": [2, 3]}],
+                                  line=12), line=12)
+        t.backward(fresh=[0, 1], accumulated=[2, 3], line=12)
+        t.step(0, line=13)
+    f = only(t, SLUG)
+    assert f.location.line == 10
+    assert "`g_loss(d_out)`" in f.message and "cut at `d_out, feats = D(fake.detach())`" in f.message
+
+
+def test_a_helpers_call_with_no_cut_behind_it_stays_at_the_assignment(tmp_path):
+    script = tmp_path / "gan.py"
+    script.write_text(HELPER_GAN.replace("d_out, feats = D(fake.detach())", "d_out, feats = D(fake)"))
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.optimizer(1, [2, 3], line=2)
+    for _ in range(3):
+        t.clear([2, 3], opt=1, line=5)
+        t.backward(fresh=[2, 3], line=7)
+        t.step(1, line=8)
+        t.clear([0, 1], opt=0, line=9)
+        t.put(ev.loss_term_params(terms=[{"path": [0], "op": "AbsBackward0", "params": [0, 1]},
+                                         {"path": [1, 0], "op": "PowBackward0", "params": [2, 3]}],
+                                  line=12), line=12)
+        t.backward(fresh=[0, 1], accumulated=[2, 3], line=12)
+        t.step(0, line=13)
+    f = only(t, SLUG)  # the values say the term is dead; the text shows no cut: its assignment
+    assert f.location.line == 11 and "`g_loss(d_out)`" in f.message

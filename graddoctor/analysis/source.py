@@ -206,6 +206,12 @@ class ScriptSource:
     def graph_cut(self, path: str, line: int, fn: str, whole: bool = False) -> tuple[int, str, str] | None:
         return graph_cut(self.full(path), line, fn, whole)
 
+    def operand_cut(self, path: str, line: int, operand: tuple) -> tuple[int, str, str] | None:
+        return operand_cut(self.full(path), line, operand)
+
+    def sum_operand_text(self, path: str, line: int, operand: tuple) -> str | None:
+        return sum_operand_text(self.full(path), line, operand)
+
     def group_lr(self, path: str, line: int, index: int) -> tuple[int, str] | None:
         return group_lr(self.full(path), line, index)
 
@@ -296,6 +302,9 @@ class ScriptSource:
 
     def target_filled_before(self, path: str, line: int) -> tuple[int, str, str] | None:
         return target_filled_before(self.full(path), line)
+
+    def adversarial_term_after(self, path: str, line: int) -> tuple[int, str] | None:
+        return adversarial_term_after(self.full(path), line)
 
     def snapshot_restored_later(self, path: str, line: int, name: str) -> tuple[int, str] | None:
         return snapshot_restored_later(self.full(path), line, name)
@@ -2629,6 +2638,58 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
     return None if best is None else best[1:]
 
 
+_CONSTANT_TARGETS = frozenset({"zeros_like", "ones_like", "full_like", "zeros", "ones", "full"})
+
+
+def adversarial_term_after(path: str, line: int) -> tuple[int, str] | None:
+    """For a model call on ``line`` whose outputs are bound to names and nothing more
+    (``_, fake_scores, real_fmaps, fake_fmaps = mpd(wav, wav_hat)``): ``(line, text)`` of the
+    first of the 4 statements after it in the same block that reads one of those names against
+    a constant target (``torch.zeros_like(g)``, ``(1 - g) ** 2``, ``g ** 2``), the term a
+    generator's loss takes from them; a feature-matching term, whose target is data, is passed
+    over. None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for block in walk(tree):
+        body = getattr(block, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            if not isinstance(stmt, ast.stmt) or stmt.lineno != line:
+                continue
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.value, ast.Call)):
+                return None
+            names = {n.id for n in walk(stmt.targets[0]) if isinstance(n, ast.Name)} - {"_"}
+            for after in body[i + 1:i + 5]:
+                value = getattr(after, "value", None)
+                if not isinstance(after, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or value is None:
+                    continue
+                read = {n.id for n in walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                if read & names and _constant_target(value):
+                    return after.lineno, ast.unparse(after).strip()
+            return None
+    return None
+
+
+def _constant_target(expr: ast.AST) -> bool:
+    """Does ``expr`` compare something with a constant target: a ``zeros_like``/``ones_like``
+    (or ``zeros``/``ones``/``full``) call, a difference with a number (``1 - g``), or a square
+    of a name (``g ** 2``: the target 0)?"""
+    for node in walk(expr):
+        if isinstance(node, ast.Call) and _last_name(node.func) in _CONSTANT_TARGETS:
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and any(
+                isinstance(side, ast.Constant) and isinstance(side.value, (int, float))
+                for side in (node.left, node.right)):
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) \
+                and isinstance(node.left, (ast.Name, ast.Subscript)):
+            return True
+    return False
+
+
 def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
     """For a model call bound to a name on ``line`` (``output = netD(fake)``) whose next
     statement hands that name and another one to a call (``errG = criterion(output, label)``),
@@ -3727,6 +3788,68 @@ def graph_cut(path: str, line: int, fn: str, whole: bool = False) -> tuple[int, 
         call = chosen[0]
         # the input (the prediction): a target is data, often detached on purpose
         args = call.args[:1] or [k.value for k in call.keywords if k.arg in ("input", "log_probs")]
+    return _cut_behind(path, tree, statement, args)
+
+
+def operand_cut(path: str, line: int, operand: tuple) -> tuple[int, str, str] | None:
+    """``(line, text, how)`` of the statement where one operand of the sum assigned on ``line``
+    was cut from the graph: ``operand`` is its path through the sum's additions (0 the left
+    side, 1 the right; negations, constant factors and a bare ``.mean()``/``.sum()`` passed
+    through), the operand any expression (a helper's call, ``generator_loss(d_fake)``), followed
+    back through the assignments of the names it reads as ``graph_cut`` does (``_, d_fake, fmaps
+    = msd(y, y_hat.detach())``). None when the operand or a cut is not found."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    statement = _statement_at(tree, line)
+    if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is None:
+        return None
+    expr = _sum_operand(statement.value, list(operand))
+    if expr is None:
+        return None
+    return _cut_behind(path, tree, statement, [expr])
+
+
+def sum_operand_text(path: str, line: int, operand: tuple) -> str | None:
+    """The source text of ``operand_cut``'s operand of the sum assigned on ``line``, or None."""
+    tree = _parse(path)
+    statement = _statement_at(tree, line) if tree is not None else None
+    if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is None:
+        return None
+    expr = _sum_operand(statement.value, list(operand))
+    return ast.unparse(expr) if expr is not None else None
+
+
+def _sum_operand(expr, steps: list):
+    """The operand of the sum ``expr`` at the additions' path ``steps``, or None."""
+    for _ in range(32):
+        if isinstance(expr, ast.UnaryOp):
+            expr = expr.operand
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult) \
+                and isinstance(expr.left, ast.Constant):
+            expr = expr.right
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div)) \
+                and isinstance(expr.right, ast.Constant):
+            expr = expr.left
+        elif steps and isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in ("mean", "sum") and not expr.args:
+            expr = expr.func.value  # ``(a + b).mean()``: the sum inside
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
+            if not steps:
+                return None
+            expr = expr.left if steps.pop(0) == 0 else expr.right
+        elif isinstance(expr, ast.Call):
+            if steps and isinstance(expr.func, ast.Name) and expr.func.id == "sum":
+                return None  # ``sum(terms)``: which of them is not told by the text
+            return expr  # a helper's call: the term is in the sum it computes
+        else:
+            return expr if not steps else None
+    return None
+
+
+def _cut_behind(path: str, tree: ast.AST, statement: ast.stmt, args: list) -> tuple[int, str, str] | None:
+    """``graph_cut``'s search from the expressions ``args`` of ``statement``: the statement
+    itself, then the assignments above it of the names they read."""
     defs = {d.name: d for d in walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     scope = _enclosing_function(tree, statement.lineno)
     assignments = sorted((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))

@@ -18,6 +18,13 @@ cosine near 1 says G's loss pushes D's output on its samples where D's loss does
 (``gan_same_target``, an aside at G's call of D). The rule checks that D and G are stepped by
 different optimizers.
 
+A vocoder's discriminator called on (real, generated) audio returns lists of scores and
+feature maps, no one tensor. An outermost call given a generator's samples hooks its submodules
+until it ends (only such a call: no other module call pays for it); when its output is no one
+tensor, the highest parts of it given the samples (each scale or period) are compared as above.
+A generated sample trimmed to the data's length (``y_hat[:, :n]``: as many axes of more than
+one entry, none longer, the memory of the output's base from its start) is the output still.
+
 A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
 
@@ -64,6 +71,8 @@ _SAME = 0.98  # cosine of the two gradients at least: one direction
 # shift it: 0.8 to 1.1 where both push D's output the same way, below both targets)
 _OFFSET = 0.1
 _MAX_PIDS = 32
+_INNER = 16  # calls inside one outermost call kept for it
+_INNER_HOOKS = 64  # submodules hooked inside one outermost call
 
 _tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
 
@@ -87,6 +96,19 @@ def _first_tensor(output):
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     return None
+
+
+def _cropped(shape: tuple, root, t) -> bool:
+    """Is ``t`` a crop from its start (``y_hat[:, :n]``, trimmed to the data's length) of an
+    output of ``shape`` whose memory ``root`` owns: as many axes of more than one entry
+    (``squeeze(1)`` taken), none longer, the same memory?"""
+    mine, theirs = [n for n in t.shape if n != 1], [n for n in shape if n != 1]
+    if len(mine) != len(theirs) or any(a > b for a, b in zip(mine, theirs)):
+        return False
+    try:
+        return t.untyped_storage().data_ptr() == root.untyped_storage().data_ptr()
+    except Exception:
+        return False
 
 
 def _affine(d_grad, g_grad) -> tuple[float, float | None]:
@@ -199,6 +221,10 @@ class AdversarialWatcher:
         self.active = False
         self._handles: list = []
         self._backwards = 0
+        # calls inside the outermost call now running that were given a generator's samples:
+        # (module, producer, samples, output, "through" | "detached")
+        self._inner: list[tuple] = []
+        self._inner_handles: list = []  # the submodules' hooks of the outermost call now running
         # data_ptr of an outermost call's output -> (weak output, weak module)
         self._outputs: dict[int, tuple] = {}
         # (id of D, id of G's output) -> {"detached" | "through": (gradient, Location)}
@@ -227,6 +253,8 @@ class AdversarialWatcher:
         for handle in handles:
             handle.remove()
         self._outputs = {}
+        self._inner = []
+        self._unhook_inner()
 
     def describe_loss(self, tensors) -> dict:
         """``DESCRIBE_LOSS``: a backward is about to run; judge what the last ones gave."""
@@ -287,26 +315,109 @@ class AdversarialWatcher:
             self.rec.internal_error("adversarial", exc)
         return None
 
+    def _made_by(self, module, t):
+        """``(sample, producer)`` when ``t`` is the output of an earlier outermost call of another
+        module (``fake``, ``fake.detach()``, or a crop of it from its start: ``y_hat[:, :n]``,
+        the same memory), else None."""
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            return None
+        ptr = _ptr(t)
+        made = self._outputs.get(ptr) if ptr is not None else None
+        if made is None:
+            return None
+        sample, producer, root = made[0](), made[1](), made[2]()
+        if producer is None or producer is module or root is None:
+            return None
+        if sample is not None and _ptr(sample) != ptr:
+            return None
+        # the output may be gone when only a crop of it was kept (``gen(mel)[:, :n]``): its
+        # memory's owner (the view's base) still stands for it
+        if tuple(t.shape) != made[3] and not _cropped(made[3], root, t):
+            return None
+        return sample, producer, root
+
+    def _pre(self, module, args) -> None:
+        """An outermost call given a generator's samples: hook the calls of its submodules
+        until it ends (a multi-scale discriminator's scales, ``self.discs[0](y_hat)``), only
+        then, so that no other module call pays for them."""
+        if not self.active or get_ident() != self.rec.script_thread:
+            return None
+        try:
+            self._unhook_inner()
+            if not any(self._made_by(module, t) is not None for t in args):
+                return None
+            for sub in module.modules():
+                if sub is module or next(sub.parameters(recurse=False), None) is None \
+                        and not sub._modules:
+                    continue
+                if len(self._inner_handles) >= _INNER_HOOKS:
+                    break
+                self._inner_handles.append(check_hook(sub.register_forward_hook(self._inner_post)))
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("adversarial", exc)
+        return None
+
+    def _unhook_inner(self) -> None:
+        handles, self._inner_handles = self._inner_handles, []
+        for handle in handles:
+            handle.remove()
+
+    def _inner_post(self, module, args, *rest):
+        """A call inside an outermost call given a generator's samples: kept, when it was
+        given them too, until the outermost call ends (``_outer`` takes it when that call's
+        output is no one tensor)."""
+        if not self.active or get_ident() != self.rec.script_thread:
+            return None
+        try:
+            out = _first_tensor(rest[-1] if rest else None)
+            if out is None or not torch.is_grad_enabled() or not out.requires_grad \
+                    or not out.is_floating_point() or out.numel() < _MIN_VALUES \
+                    or len(self._inner) >= _INNER or next(module.parameters(), None) is None:
+                return None
+            for t in args:
+                made = self._made_by(module, t)
+                if made is not None:
+                    self._inner.append((module, made[1], made[2], out,
+                                        "through" if t.requires_grad else "detached"))
+                    break
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("adversarial", exc)
+        return None
+
     def _outer(self, module, args, output) -> None:
+        self._unhook_inner()
+        inner, self._inner = self._inner, []
         out = _first_tensor(output)
+        if out is None and inner and torch.is_grad_enabled() \
+                and any(self._made_by(module, t) is not None for t in args):
+            # a discriminator whose output is no one tensor (HiFi-GAN's multi-scale one returns
+            # lists of scores and feature maps for the real and the generated samples): its
+            # parts that scored the generated samples are compared instead
+            inside = {id(m) for m in module.modules()}
+            for sub, producer, sample, sub_out, how in inner:
+                if id(sub) not in inside or sub is module:
+                    continue
+                # the highest part given the samples (a scale, not the first layer inside it)
+                if any(other is not sub and any(m is sub for m in other.modules())
+                       for other, *_ in inner):
+                    continue
+                self._watch(sub, producer, sample, sub_out, how)
+            return
         if out is None or not torch.is_grad_enabled() or not out.requires_grad \
                 or not out.is_floating_point() or out.numel() < _MIN_VALUES:
             return
         if next(module.parameters(), None) is None:
             return  # a loss module, an activation: not a model
         for t in args:
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
-                continue
-            ptr = _ptr(t)
-            made = self._outputs.get(ptr) if ptr is not None else None
+            made = self._made_by(module, t)
             if made is None:
                 continue
-            sample, producer = made[0](), made[1]()
-            if sample is None or producer is None or producer is module \
-                    or sample.shape != t.shape or _ptr(sample) != ptr:
-                continue
-            self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
-            self.ranges.generated(module, producer, sample)
+            sample, producer, root = made
+            self._watch(module, producer, root, out, "through" if t.requires_grad else "detached")
+            if sample is not None:
+                self.ranges.generated(module, producer, sample)
             break
         else:
             self._watch_plain(module, out)
@@ -316,7 +427,9 @@ class AdversarialWatcher:
                 self.ranges.plain(module, data)
         ptr = _ptr(out)
         if ptr is not None and len(self._outputs) < _OUTPUTS:
-            self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))
+            root = out._base if out._base is not None else out
+            self._outputs[ptr] = (weakref.ref(out), weakref.ref(module), weakref.ref(root),
+                                  tuple(out.shape))
 
     def _watch_plain(self, module, out) -> None:
         """Keep the gradient of this call's output (a module on data no module made) from the
@@ -457,5 +570,5 @@ class AdversarialWatcher:
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, None, self._post, outermost=True)
+        self._handles = register_module_hooks(patcher, self._pre, self._post, outermost=True)
         self.active = True

@@ -28,7 +28,13 @@ class GeneratorHelpsDiscriminator(Rule):
     output on the generated samples the gradients of the real samples' target, and the finding
     points at D's step instead. When the generator's loss takes a target tensor filled in place
     just before (pytorch/examples' DCGAN: `label.fill_(fake_label)` where `real_label` was
-    meant), the finding points at that fill.
+    meant), the finding points at that fill. When G's call of D only binds D's outputs to names
+    (a vocoder's `_, fake_scores, fmap_r, fmap_g = mpd(y, y_hat)`), it points at the statement
+    below that takes the generator's term from them against a constant target. A discriminator
+    whose output is no one tensor (lists of scores and feature maps for the real and the
+    generated samples) is compared through its parts called on the generated samples (each
+    scale or period); a generated sample trimmed to the data's length (`y_hat[:, :n]`) is
+    still the generator's output.
 
     ## Why is this bad?
     The discriminator learns to call the generated samples fake, and the generator, instead of
@@ -105,9 +111,16 @@ class GeneratorHelpsDiscriminator(Rule):
                          f"point the same way — one sign for a critic's mean, one target read "
                          f"from each call's gradients against its outputs for a logistic or "
                          f"squared-error loss)")
-            loc, fix, filled = event.loc, None, None
+            loc, fix, filled, term = event.loc, None, None, None
             if loc is not None:
                 filled = a.source.target_filled_before(loc.path, loc.line)
+                if filled is None:
+                    term = a.source.adversarial_term_after(loc.path, loc.line)
+            if term is not None:
+                # D's outputs bound to names, the generator's term taken from them below: that
+                # term's target is the line to change
+                related = (Related(loc, "the discriminator's call on the generated samples"), *related)
+                loc = Location(loc.path, term[0])
             if filled is not None:
                 # the target tensor is filled in place just before (pytorch/examples' DCGAN:
                 # `label.fill_(real_label)`): that fill is the line to change
@@ -118,7 +131,9 @@ class GeneratorHelpsDiscriminator(Rule):
                        f"(`{filled[2]}.fill_(real_label)`: fake labels are real for the "
                        f"generator's cost)")
             yield self.finding(
-                ("the generator's loss here pushes " if filled is None else
+                ("the generator's loss here pushes " if filled is None and term is None else
+                 f"the generator's term here, on the discriminator's outputs at line {event.loc.line}, pushes "
+                 if filled is None else
                  f"the generator's loss on the discriminator's call at line {event.loc.line} pushes ")
                 + f"{event['critic']}'s output on the samples "
                 f"{event['generator']} made the same way as the discriminator's own loss does "

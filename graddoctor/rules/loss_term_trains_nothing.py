@@ -26,8 +26,9 @@ class LossTermTrainsNothing(Rule):
     a step applied. Reported when the same term reaches only cleared, unapplied gradients at two
     backwards of the line or more and is applied at none, at the statement that cuts the graph
     when the source shows one (`.detach()`, `.data`, `torch.no_grad()`; for a term written by
-    hand, `((d_fake - 1) ** 2).mean()`, followed back through the assignments it reads), else at
-    the term's assignment.
+    hand, `((d_fake - 1) ** 2).mean()`, or a helper's call, `1e-3 * adversarial_loss(d_out)`,
+    followed back through the assignments of the names it reads, such as
+    `_, d_out, fmaps = msd(y, y_hat.detach())`), else at the term's assignment.
 
     ## Why is this bad?
     The term is computed, printed and added to the loss, and the loss still falls through its
@@ -113,7 +114,7 @@ class LossTermTrainsNothing(Rule):
         path, line = loc.path, loc.line
         name, cut, where = None, None, None
         assigned = a.source.loss_assignment(path, line)
-        term_text = None
+        term_text, operand_text = None, None
         if assigned is not None:
             name = _term_name(assigned[1], term["path"])
             if name is not None:
@@ -121,6 +122,11 @@ class LossTermTrainsNothing(Rule):
                 if found is not None:
                     term_text = found
                     cut = a.source.graph_cut(path, found[0], _function(term["op"]), whole=True)
+            else:
+                # a term that is no plain name (a helper's call, `generator_loss(d_fake)`): the
+                # cut behind the names its expression reads
+                cut = a.source.operand_cut(path, assigned[0], tuple(term["path"]))
+                operand_text = a.source.sum_operand_text(path, assigned[0], tuple(term["path"]))
             where = Location(path, assigned[0])
         if cut is not None:
             loc = Location(path, cut[0])
@@ -129,7 +135,8 @@ class LossTermTrainsNothing(Rule):
         elif where is not None:
             loc = where
         pids = sorted(term["params"])
-        said = f"`{name}`" if name else f"the {term['op'].replace('Backward0', '')} term"
+        said = (f"`{name}`" if name else f"the term `{operand_text}`" if operand_text
+                else f"the {term['op'].replace('Backward0', '')} term")
         stepped = sorted({a.optimizer_name(s["opt"]) for s in steps})
         how = ""
         if cut is not None:
