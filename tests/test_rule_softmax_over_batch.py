@@ -246,3 +246,13 @@ def test_the_fix_names_the_class_axis_of_each_layout():
     assert _class_dim({"fn": "softmax", "shape": [16, 7, 11]}, "out(h).log_softmax(dim=0)")[0] == -1
     assert _class_dim({"fn": "softmax", "shape": [32, 4]}, "torch.softmax(x, dim=0)")[0] == 1
     assert _class_dim({"fn": "softmax", "shape": [8, 3, 16, 16]}, "torch.softmax(x, dim=0)")[0] == 1
+
+
+def test_a_sequence_first_tensor_whose_axis_1_is_the_targets_batch_is_not_over_the_batch():
+    from graddoctor.instrument.softmaxbatch import over_batch
+    # (T=9, B=16, 1) attention weights over time: the targets are 16 long, the data 9 long first
+    assert not over_batch((9, 16, 1), 0, {9}, None, {16})
+    # (B=16, C=5) probabilities over the batch: the targets are as long as dim 0
+    assert over_batch((16, 5), 0, {16}, None, {16})
+    # no target read: as before
+    assert over_batch((9, 16, 1), 0, {9}, None, set())

@@ -57,14 +57,31 @@ def _data_leading(root, limit: int) -> set[int]:
     return sizes
 
 
-def over_batch(shape: tuple, dim: int, data_sizes: set[int], loader_batch: int | None) -> bool:
-    """Whether a softmax over ``dim`` of a result of ``shape`` normalises over the samples."""
+def _target_leading(nodes) -> set[int]:
+    """The leading sizes of the targets the loss nodes among ``nodes`` saved (a cross-entropy's
+    class indices, a regression's values): the loss's own batch."""
+    sizes: set[int] = set()
+    for node in nodes or ():
+        value = saved(node, "_saved_target") if "_saved_target" in dir(node) else None
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            sizes.add(int(value.shape[0]))
+    return sizes
+
+
+def over_batch(shape: tuple, dim: int, data_sizes: set[int], loader_batch: int | None,
+               target_sizes: set[int] = frozenset()) -> bool:
+    """Whether a softmax over ``dim`` of a result of ``shape`` normalises over the samples. Not
+    when the loss's targets say the batch is axis 1 (``target_sizes`` holds ``shape[1]`` and
+    not ``shape[0]``): a sequence-first (T, B, ...) tensor, whose dim 0 is time (attention
+    pooling over an ``nn.LSTM``'s steps without ``batch_first``)."""
     if len(shape) < 2 or dim not in (0, -len(shape)):
         return False
     batch = shape[0]
     if batch < 2 or not any(s > 1 for s in shape[1:]) or shape[1] == batch:
         return False
     if loader_batch is not None and loader_batch != batch:
+        return False
+    if target_sizes and batch not in target_sizes and shape[1] in target_sizes:
         return False
     return batch in data_sizes
 
@@ -113,7 +130,8 @@ class SoftmaxBatchWatcher:
                 key = (fn, shape, dim)
                 if key in self._told or len(shape) < 2 or dim not in (0, -len(shape)):
                     continue
-                if not over_batch(shape, dim, _data_leading(node, _BELOW), loader_batch):
+                if not over_batch(shape, dim, _data_leading(node, _BELOW), loader_batch,
+                                  _target_leading(nodes)):
                     continue
                 self._told.add(key)
                 self.rec.emit_aside(ev.softmax_batch(fn=fn, shape=list(shape), batch=shape[0]),
