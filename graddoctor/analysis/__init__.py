@@ -132,6 +132,18 @@ class Analysis:
         """What a ``folded`` event stands for: (the events of a kept turn, how many copies)."""
         return [(self.span(first, last), n) for first, last, n in fold.get("copies", ())]
 
+    def replayed(self, most: int = 2):
+        """The events in order, each ``folded`` event replaced by its kept turns, each repeated
+        as many times as it stood for but at most ``most``: enough to see what alternates from
+        turn to turn (two optimizers taking turns) in a long run's folded trace."""
+        for e in self.events:
+            if e.kind == "folded":
+                for turn, n in self.copies_in(e):
+                    for _ in range(min(n, most)):
+                        yield from turn
+            else:
+                yield e
+
     # -- events ----------------------------------------------------------------------
     def of_kind(self, *kinds: str) -> list[Event]:
         if len(kinds) == 1:

@@ -162,8 +162,11 @@ def _scope_draws(scope, returned: list | None = None) -> list[tuple[int, str, st
         text = ast.unparse(target).strip() if target is not None else ast.unparse(n)
         made = (line, text, base or ast.unparse(weights), n.lineno, ast.unparse(n))
         if not inline_index and (not drawn or not _indexes(nodes, drawn, compared)):
+            # a helper's returned draw: sampled negatives only (an argmax or topk a helper
+            # returns is as often a nearest prototype or code, indexed by the caller in a table
+            # that is not the batch: k-means, a VQ codebook)
             if returned is not None and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                    and _returns(nodes, n, drawn):
+                    and _called(n) == "multinomial" and _returns(nodes, n, drawn):
                 returned.append((scope.name, made))
             continue
         found.append(made)

@@ -131,7 +131,7 @@ class ParamInTwoOptimizers(Rule):
         # (opt, pid) -> the backward lines whose gradients its steps applied
         applied: dict[tuple[int, int], set[int]] = {}
         turns: dict[int, list[tuple[int, object]]] = {}  # pid -> [(opt, step event)] in order
-        for e in _replayed(a):
+        for e in a.replayed(2):
             kind = e.kind
             if kind == "backward":
                 for pid in written(e):
@@ -202,15 +202,3 @@ class ParamInTwoOptimizers(Rule):
             fix=(f"build {large_name} over its other parameters only: leave out "
                  f"{a.names(pids)}, which {small_name} trains"),
         )
-
-
-def _replayed(a):
-    """The trace's events in order, a folded run's kept turns replayed (twice at most: enough
-    to see two optimizers take turns)."""
-    for e in a.events:
-        if e.kind == "folded":
-            for turn, n in a.copies_in(e):
-                for _ in range(min(n, 2)):
-                    yield from turn
-        else:
-            yield e

@@ -132,7 +132,7 @@ class PartitionReducesBroadcastAxis(Rule):
     code = "GD414"
     slug = "partition-reduces-broadcast-axis"
     severity = Severity.WARNING
-    summary = ("a forward algorithm's `logsumexp` reduces over the axis the previous step's "
+    summary = ("a forward algorithm's logsumexp reduces over the axis the previous step's "
                "scores are broadcast along: it never sums over the previous tag, so the "
                "partition function is not the sum over paths")
     fix = "reduce over the previous tag's axis, the one the forward variables run along"
