@@ -385,14 +385,21 @@ def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | 
     low = (model_line or call.lineno) - 12
     # each argument's own latest assignment: the model's output is often assigned after the
     # statement that reordered the target, so the latest assignment of any argument would hide it
-    reordered = []
-    for name in {arg.id for arg in args if isinstance(arg, ast.Name)}:
-        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < call.lineno
+    names = {arg.id for arg in args if isinstance(arg, ast.Name)}
+    return _latest_reordering(tree, names, low, call.lineno) or call.lineno
+
+
+def _latest_reordering(tree: ast.AST, names: set[str], low: int, high: int) -> int | None:
+    """The latest line among ``names``' own last assignments in ``[low, high)`` whose value
+    reorders rows; None when none of them does."""
+    found = []
+    for name in names:
+        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < high
                 and name in {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}]
         last = max(made, key=lambda n: n.lineno, default=None)
         if last is not None and _reorders(last.value):
-            reordered.append(last.lineno)
-    return max(reordered, default=call.lineno)
+            found.append(last.lineno)
+    return max(found, default=None)
 
 
 def input_reordered_at(tree: ast.AST, model_line: int) -> int | None:
@@ -403,16 +410,7 @@ def input_reordered_at(tree: ast.AST, model_line: int) -> int | None:
     reordering is inline or not found."""
     names = {arg.id for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == model_line
              for arg in [*n.args, *(k.value for k in n.keywords)] if isinstance(arg, ast.Name)}
-    found = []
-    for name in names:
-        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                and model_line - 12 <= n.lineno < model_line
-                and name in {t.id for target in n.targets for t in ast.walk(target)
-                             if isinstance(t, ast.Name)}]
-        last = max(made, key=lambda n: n.lineno, default=None)
-        if last is not None and _reorders(last.value):
-            found.append(last.lineno)
-    return max(found, default=None)
+    return _latest_reordering(tree, names, model_line - 12, model_line)
 
 
 def _bodies(tree: ast.AST):
