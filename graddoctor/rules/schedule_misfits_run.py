@@ -83,8 +83,9 @@ class ScheduleMisfitsRun(Rule):
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
       last epoch: the lr hardly moves. When the construction sizes it from the loader's length
-      (`len(train_loader)`, `steps_per_epoch=`), it is meant per batch: the finding points at
-      the `step()` call, in the wrong loop, and names the construction beside it;
+      (`len(train_loader)`, `steps_per_epoch=`) in a loop the script writes, it is meant per
+      batch: the finding points at the `step()` call, in the wrong loop, and names the
+      construction beside it (a framework steps it: the construction, as before);
     * stepped once per optimizer step under gradient accumulation of k batches (a hand-written
       window, `accelerator.accumulate`, Lightning's `accumulate_grad_batches`, the Trainer's
       `gradient_accumulation_steps`) with a length that counts the run's batches
@@ -235,8 +236,8 @@ class ScheduleMisfitsRun(Rule):
         stepper = a.schedulers.get(s.parent) if s.parent is not None else s
         first = stepper.steps[0] if stepper is not None and stepper.steps else None
         where, rel = s.init.loc, ((related(first, "its step() call"),) if first is not None else ())
-        if (m.side != "spent" and plan.unit == "epoch" and first is not None and first.loc is not None
-                and _sized_by_loader(a, s.init.loc)):
+        if (not a.framework and m.side != "spent" and plan.unit == "epoch" and first is not None
+                and first.loc is not None and _sized_by_loader(a, s.init.loc)):
             # the construction counts the loader's batches on purpose: the step() call is what
             # sits in the wrong loop
             where, rel = first.loc, (related(s.init, "the scheduler's construction, sized in batches"),)
