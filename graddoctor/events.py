@@ -486,6 +486,12 @@ padding_kept       op (mul: a product with the mask | masked_fill: the mask fill
                    positions of a token batch embedded just before (the real tokens left out);
                    once per op and shape (loc: the backward's line; an aside;
                    instrument/padmask.py)
+padding_pooled     fill (the pad id), rows, shape (the token batch's), padded (the share of its
+                   positions that are padding), axis (batch-first | length-first: the pooled
+                   tensor's layout) — a mean over the token axis of a tensor holding the padded
+                   batch's positions with no 0/1 mask of the batch applied below it, read by a
+                   layer on the way to the loss of one of the first 3 backwards; once per shape
+                   (loc: the backward's line; an aside; instrument/padmask.py)
 easy_weighted      fn (binary_cross_entropy_with_logits | binary_cross_entropy | cross_entropy),
                    shape (the weight's), rho (the weight's mean rank correlation with the loss
                    within the groups of one target value), groups, elements — an unreduced
@@ -1537,7 +1543,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops``, ``self_product_offset`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops``, ``self_product_offset`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``padding_pooled``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1930,6 +1936,11 @@ def ignored_mask(*, ignore_index: int, shape: list[int], ignored: int, pixels: i
 
 def padding_kept(*, op: str, fill: int, rows: int, shape: list[int], kept: float) -> Made:
     return "padding_kept", {"op": op, "fill": fill, "rows": rows, "shape": shape, "kept": kept}
+
+
+def padding_pooled(*, fill: int, rows: int, shape: list[int], padded: float, axis: str) -> Made:
+    return "padding_pooled", {"fill": fill, "rows": rows, "shape": shape, "padded": padded,
+                              "axis": axis}
 
 
 def overlap_scores(*, shape: list[int], producer: str) -> Made:
@@ -2813,6 +2824,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
     "snapshot_alias": snapshot_alias, "snapshot_held": snapshot_held, "folded": folded,
+    "padding_pooled": padding_pooled,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
@@ -2853,6 +2865,7 @@ ASIDE_KINDS = frozenset({"self_product_offset", "dropout_default", "class_weight
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",
+                         "padding_pooled",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
