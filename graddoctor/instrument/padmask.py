@@ -99,7 +99,8 @@ class PaddingMaskWatcher:
         shapes = {tuple(tokens.shape): (tokens, fill) for tokens, fill in batches}
         loc = None
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
-            for node, op, mask in _masks(post_order(root, _NODES) or ()):
+            order = post_order(root, _NODES) or ()
+            for node, op, mask in _masks(order):
                 for shape, (tokens, fill) in shapes.items():
                     if (op, shape) in self._told:
                         continue
@@ -116,8 +117,7 @@ class PaddingMaskWatcher:
                     self.rec.emit_aside(ev.padding_kept(
                         op=op, fill=int(fill), rows=int(shape[0]), shape=list(shape),
                         kept=round(float(kept.float().mean()), 4)), loc)
-            for shape, fill, padded, layout in _pooled_over_padding(
-                    post_order(root, _NODES) or (), shapes):
+            for shape, fill, padded, layout in _pooled_over_padding(order, shapes):
                 if ("pooled", shape) in self._told:
                     continue
                 self._told.add(("pooled", shape))
