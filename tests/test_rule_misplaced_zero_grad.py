@@ -3,6 +3,11 @@ the look-alikes it stays silent on."""
 
 from __future__ import annotations
 
+import textwrap
+
+from graddoctor.options import CheckOptions
+from graddoctor.run.session import run_check
+
 from graddoctor import events as ev
 from graddoctor.trace import TraceBuilder
 from rule_traces import P, builder, epoch, findings, slugs
@@ -171,3 +176,31 @@ def test_a_training_loop_that_reads_the_gradients_and_steps_is_still_one(tmp_pat
         "    loss.backward()\n    norms = [p.grad.norm() for p in model.parameters()]\n"
         "    optimizer.zero_grad()\n    optimizer.step()\n")
     assert "misplaced-zero-grad" in _run(tmp_path, text)
+
+
+def test_an_epoch_start_clear_beside_a_clear_after_the_step_is_to_be_removed(tmp_path):
+    # YOLOv5's loop: step and clear every 4 batches, and a clear before each epoch's batches
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        nb, accumulate, last_opt_step = 10, 4, -1
+        for epoch in range(3):
+            optimizer.zero_grad()
+            for i in range(nb):
+                ni = i + nb * epoch
+                loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1))
+                (loss / accumulate).backward()
+                if ni - last_opt_step >= accumulate:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    last_opt_step = ni
+    """))
+    report = run_check(CheckOptions(target=str(script)))
+    found = [f for f in report.findings if f.rule == "misplaced-zero-grad"]
+    assert [f.location.line for f in found] == [9]
+    assert found[0].evidence["cleared_after_step_at"] == 16
+    assert "remove this clear" in found[0].fix and "line 16" in found[0].fix

@@ -380,3 +380,46 @@ def test_milestones_named_in_epochs_are_spent_though_a_multiple_of_the_epoch(tmp
 def test_milestones_named_in_epochs_and_converted_to_batches_are_silent(tmp_path):
     assert _check(tmp_path, "torch.optim.lr_scheduler.MultiStepLR(optimizer, "
                             "milestones=[int(epochs * 0.6) * len(loader)])", epochs=12) == []
+
+
+SHORT_PASS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn({n}, 4), torch.randn({n}, 1)), batch_size=4)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = {scheduler}
+for epoch in range({epochs}):
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    scheduler.step()
+"""
+
+
+def _short_pass(tmp_path, scheduler, n, epochs):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SHORT_PASS.format(scheduler=scheduler, n=n, epochs=epochs)))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule in NEIGHBOURS]
+
+
+@pytest.mark.parametrize("scheduler", [
+    "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[16, 22], gamma=0.1)",
+    "torch.optim.lr_scheduler.StepLR(optimizer, 20, gamma=0.5)",
+])
+def test_a_bare_epoch_count_dividing_by_a_short_pass_is_silent(tmp_path, scheduler):
+    # 8 or 10 batches per epoch: 16 or 20 being a multiple is a coincidence, not a batch count
+    n = 32 if "MultiStep" in scheduler else 40
+    assert _short_pass(tmp_path, scheduler, n=n, epochs=3) == []
+
+
+def test_a_bare_batch_count_of_a_long_pass_stepped_per_epoch_is_still_reported(tmp_path):
+    # 640 = 10 epochs of 64 batches, written out as a number and stepped once per epoch
+    f = _one(_short_pass(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=640, "
+                                   "gamma=0.1)", n=256, epochs=12))
+    assert f.evidence["side"] == "still"

@@ -990,6 +990,41 @@ def _sized_in_batches(n: int, lengths) -> bool:
     return any(m >= 2 and n >= m and n % m == 0 for m in lengths)
 
 
+# A length written as a bare number is read as a batch count only when every value of it is a
+# multiple of a pass at least this long: a multiple of a shorter pass (8 or 10 batches) is as
+# likely a count of epochs that happens to divide by it (``milestones=[16, 22]`` of 8 batches).
+NUMBER_PASS_MIN = 20
+
+
+def _number_sized_in_batches(value, lengths) -> bool:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(type(v) is int and v > 0 for v in values):
+        return False
+    return any(m >= NUMBER_PASS_MIN and all(v >= m and v % m == 0 for v in values) for m in lengths)
+
+
+def _written_as_number(a: "Analysis", s: Schedule, arg: str) -> bool:
+    """Whether the script writes the schedule's length ``arg`` as integer literals
+    (``step_size=20``, ``milestones=[16, 22]``, ``StepLR(opt, 30)``): nothing in its text ties it
+    to the DataLoader or the run."""
+    if s.init is None or s.init.loc is None:
+        return False
+    text = a.source.schedule_arguments(s.init.loc.path, s.init.loc.line, s.cls)
+    if not text:
+        return False
+    try:
+        call = ast.parse(f"f(None, {text})", mode="eval").body
+    except SyntaxError:
+        return False
+    node = next((k.value for k in call.keywords if k.arg == arg), None)
+    if node is None and arg in ("step_size", "milestones") and len(call.args) >= 2:
+        node = call.args[1]
+    if node is None:
+        return False
+    items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
+    return bool(items) and all(isinstance(e, ast.Constant) and type(e.value) is int for e in items)
+
+
 def lr_left(s: Schedule, steps: float) -> float | None:
     """The schedule's lr after ``steps`` of its steps, as a share of its start (eta_min and
     end factors taken as 0 where that is their default)."""
@@ -1091,6 +1126,9 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
     by_updates = plan.updates is not None and n == plan.updates
     if not _sized_in_batches(n, plan.lengths) and not by_updates:
         return None
+    if not by_updates and _written_as_number(a, s, arg) \
+            and not _number_sized_in_batches(value, plan.lengths):
+        return None  # a bare count of epochs that happens to divide by a short pass
     real = n
     if plan.replay_len and plan.real_len and plan.replay_len < plan.real_len \
             and n % plan.replay_len == 0:

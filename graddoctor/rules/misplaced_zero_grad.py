@@ -15,7 +15,9 @@ class MisplacedZeroGrad(Rule):
     Finds a clear (`zero_grad`, or `p.grad = None` through `model.zero_grad()`) that throws away
     gradients of the current update before the optimizer step that should use them: zero_grad
     between backward and step, between two losses, or before every micro-batch of an
-    accumulation loop. Silent when the dropped backward had another purpose: an input gradient
+    accumulation loop, or a second clear at the start of each pass that drops the micro-batches
+    the previous pass left over after its last step (YOLOv5's `optimizer.zero_grad()` before
+    the batch loop, beside the `zero_grad()` after each step: the fix removes it). Silent when the dropped backward had another purpose: an input gradient
     (FGSM adversarial examples) or the closure of `optimizer.step(closure)` (L-BFGS); and when
     the script skipped that update on purpose: a `clip_grad_norm_` saw the dropped gradients
     non-finite (`if not torch.isfinite(norm): continue`), the dropped gradient moved the weights
@@ -75,6 +77,9 @@ class MisplacedZeroGrad(Rule):
         with the helper's call in the loop."""
         helper_line = related_line(finding, Role.HELPER_CALL)
         clear = src.statement_at(helper_line or finding.location.line)
+        if clear is not None and helper_line is None and (finding.evidence or {}).get("cleared_after_step_at"):
+            # the update already clears after its step: this clear only drops a leftover window
+            return self.edit("remove the clear that drops the leftover gradients", src.delete(clear))
         step_line = related_line(finding, Role.STEP)
         step = src.statement_at(step_line) if step_line else None
         if clear is None or step is None or step is clear:
@@ -98,9 +103,14 @@ class MisplacedZeroGrad(Rule):
             dropped = first.contributions[0].backward
             helper = helper_call(a, first.clear)
             fix = None
+            after_step = _cleared_after_step(a, first, loc)
             if helper is not None:  # the line to move is the helper's call in the loop
                 fix = (f"move the call of {loc.function}() at line {helper.location.line} after "
                        f"optimizer.step() (or before the first backward of the update)")
+            elif after_step is not None:
+                fix = (f"remove this clear: the update already clears after its step (line "
+                       f"{after_step}), so the batches left over at the end of a pass would join "
+                       f"the next update (or step on them before the pass ends)")
             yield self.finding(
                 f"this clear discards the gradients of {a.names(pids)} from a backward that no "
                 f"step has used yet; the next optimizer step (step {first.later_step_index}) then "
@@ -112,8 +122,30 @@ class MisplacedZeroGrad(Rule):
                          related(first.later_step, "the step that should have used them", Role.STEP)),
                 step=first.later_step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
-                          "discarded_backward_calls": len(first.contributions)},
+                          "discarded_backward_calls": len(first.contributions),
+                          **({"cleared_after_step_at": after_step} if after_step is not None else {})},
             )
+
+
+def _cleared_after_step(a, d, loc) -> int | None:
+    """The line of another clear of the same optimizer that runs right after its step (an
+    accumulation window's ``step(); zero_grad()``), when the discarding clear at ``loc`` is a
+    second one: a clear at the start of each pass (YOLOv5's ``optimizer.zero_grad()`` before
+    the batch loop) that drops the micro-batches a pass left over. None otherwise."""
+    opt = d.clear.get("opt")
+    if opt is None or loc is None:
+        return None
+    after_step = False
+    for e in a.of_kind("step", "clear"):
+        if e.get("opt") != opt:
+            continue
+        if e.kind == "step":
+            after_step = True
+            continue
+        if after_step and e.loc is not None and e.loc != loc and e.loc.path == loc.path:
+            return e.loc.line
+        after_step = False
+    return None
 
 
 def _nonfinite(value) -> bool:

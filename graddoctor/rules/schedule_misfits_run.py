@@ -82,7 +82,9 @@ class ScheduleMisfitsRun(Rule):
       runs: from its end on the lr is 0, and every later epoch (one at least) applies no update;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
-      last epoch: the lr hardly moves. When the construction sizes it from the loader's length
+      last epoch: the lr hardly moves. A length written as a bare number (`step_size=640`)
+      counts as batches only when all its values are multiples of an epoch of 20 batches or
+      more: over 8 or 10 batches, `milestones=[16, 22]` is as likely a count of epochs. When the construction sizes it from the loader's length
       (`len(train_loader)`, `steps_per_epoch=`) in a loop the script writes, it is meant per
       batch: the finding points at the `step()` call, in the wrong loop, and names the
       construction beside it (a framework steps it: the construction, as before);
@@ -137,7 +139,8 @@ class ScheduleMisfitsRun(Rule):
     A per-batch schedule sized in steps (`epochs * len(loader)`, milestones in steps; under
     accumulation `epochs * math.ceil(len(loader) / k)`, Lightning's
     `self.trainer.estimated_stepping_batches`); a schedule stepped every micro-batch; a
-    per-epoch schedule sized in epochs; `ReduceLROnPlateau`; a warm-up (however short);
+    per-epoch schedule sized in epochs, a bare number of epochs that divides by a short epoch
+    included (`milestones=[16, 22]` over 8 batches); `ReduceLROnPlateau`; a warm-up (however short);
     `CyclicLR` and warm restarts (cycles by design); a decay sized in one epoch's batches in a
     one-epoch run (`num_train_epochs = ceil(max_train_steps / len(loader))`); a `LinearLR` that
     decays to a floor (`end_factor`) within the first epoch and holds it; a run whose length
