@@ -640,7 +640,9 @@ class BackwardWatcher:
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = ctx.tensors = []  # let go of the grads held since the start
         ctx.held = {}
-        event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
+        same = rec.same_list  # lists equal to ones the trace holds are held once
+        event = rec.emit(ev.backward(fresh=same(fresh), accumulated=same(accumulated),
+                                     cleared_outside=same(cleared),
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
                                      repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,
@@ -675,13 +677,15 @@ class BackwardWatcher:
         fresh: list = []
         accumulated: list = []
         cleared: list = []
+        # the pids' own int objects (``Identities.ints``), not one new int per pid and backward
+        numbers = rec.tensors.ints if type(pids) is range else pids
         if not held:  # every grad was None before: whatever was written is fresh
-            fresh = list(compress(pids, written))
+            fresh = list(compress(numbers, written))
         else:
             for i in compress(range(len(written)), written):
                 verdict = held[i][1] if i in held else FRESH
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
-                 else cleared).append(pids[i])
+                 else cleared).append(numbers[i])
         try:
             self._step_cosine = self._step_scale = None
             ctx.updated_by_hand, ctx.applied_by_hand = self._hand_updates(pids, tensors, written,

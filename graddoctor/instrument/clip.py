@@ -254,12 +254,14 @@ class ClipWatcher:
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
         by_norm = via != "clip_grad_value_"
-        event = rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked,
+        same = rec.same_list  # lists equal to ones the trace holds are held once
+        event = rec.emit(ev.clip(via=via, params=same(pids), with_grad=same(with_grad),
+                                 untracked=untracked,
                                  limit=limit,
                                  norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm
                                  else None,
                                  norm_only=by_norm and limit == math.inf, total_norm=total,
-                                 edited=edited, spent=spent, clipped=share[0] if share else None,
+                                 edited=same(edited), spent=spent, clipped=share[0] if share else None,
                                  kept=share[1] if share else None),
                          rec.here(2))
         self._note_finite(via, total, before, with_grad, after)

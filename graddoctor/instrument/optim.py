@@ -1197,6 +1197,7 @@ class OptimizerWatcher:
             without = rec.grads.after_step(
                 rec.opt_params.get(opt, ()), grads_read, keeps_grads=torch_step,
                 untouched=untouched, predictable=predictable)
+            without = rec.same_list(without)  # held once where equal to a list the trace holds
             event = rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                              loc if loc is not None else rec.here(3))
             if (loc is not None and untouched and not closure and not without
