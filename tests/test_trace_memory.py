@@ -24,7 +24,7 @@ TENSORS = 1000
 WALKED = range(41, 57)  # turns past the watchers' early windows (counted from 1)
 # bytes a routed turn may add to the trace: its two routed subsets (the backward's fresh, the
 # step's without_grad: one pointer per owned tensor between them) and its five events with their
-# small values (≈ 2.3 KB), with room; 2026-12-07: 10.4 KB at 1,000 tensors (33.4 KB before
+# small values (≈ 2.3 KB), with room; 2026-12-07: 10.6 KB at 1,000 tensors (33.4 KB before
 # equal lists were held once and pids kept their own int objects)
 PER_TURN = TENSORS * 8 * 1.1 + 4096
 

@@ -73,7 +73,7 @@ from .gradstate import Tensor, grads_of, local, states_of
 from .identities import call
 
 _has_torch_function_unary = torch._C._has_torch_function_unary
-from .recorder import Recorder
+from .recorder import SAME_LIST_MIN, Recorder
 from .topics import DESCRIBE_LOSS, LEAF_TRACKED
 from .gradstate import version as grad_version
 
@@ -640,9 +640,9 @@ class BackwardWatcher:
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = ctx.tensors = []  # let go of the grads held since the start
         ctx.held = {}
-        same = rec.same_list  # lists equal to ones the trace holds are held once
-        event = rec.emit(ev.backward(fresh=same(fresh), accumulated=same(accumulated),
-                                     cleared_outside=same(cleared),
+        if len(fresh) >= SAME_LIST_MIN:  # held once where equal to a list the trace holds
+            fresh = rec.same_list(fresh)
+        event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
                                      repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,

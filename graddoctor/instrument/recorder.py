@@ -40,9 +40,12 @@ from .topics import TOPICS, F, Subscribers, Topic
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 _UNSET = object()
-# ``Recorder.same_list``: the lengths it remembers lists of, and the lists it keeps per length
+# ``Recorder.same_list``: the lengths it remembers lists of, and the lists it keeps per length;
+# the hooks hand it only lists of at least SAME_LIST_MIN pids (a smaller model's lists are small:
+# not worth the call on every full turn)
 SAME_LIST_LENGTHS = 64
 SAME_LISTS_PER_LENGTH = 4
+SAME_LIST_MIN = 32
 
 
 def _shape(tensor) -> list[int] | None:
