@@ -246,26 +246,23 @@ class Recorder:
         """An equal list of pids that an event already holds, else a copy of ``pids`` sized to
         its length (``list(compress(...))`` leaves room to grow): one object for equal values.
         A loop whose turns never fold (a mixture of experts' routing) keeps every turn's lists
-        in the trace; equal ones (a clip's parameters, the same every turn; the gradients it
-        clips, those the backward before it wrote; a routing seen a few turns before) are then
-        held once. Only for a list handed to an event (final: never changed afterwards), given
-        up for the one returned. Compared with the last ``SAME_LISTS_PER_LENGTH`` lists of each
-        of the last ``SAME_LIST_LENGTHS`` lengths met, in C (lists that differ do so early)."""
+        in the trace; equal ones (the gradients a clip clips, those the backward before it
+        wrote; a routing seen a few turns before) are then held once. Only for a list handed to
+        an event (final: never changed afterwards), given up for the one returned. Compared, in
+        C and newest first, with the last ``SAME_LISTS_PER_LENGTH`` lists of each of the last
+        ``SAME_LIST_LENGTHS`` lengths met."""
         lists = self._same_lists
         n = len(pids)
-        recent = lists.pop(n, None)  # (re-inserted last: the length met latest)
+        recent = lists.pop(n, None)  # (put back last: the length met latest)
         if recent is None:
             if len(lists) >= SAME_LIST_LENGTHS:  # the length met longest ago
                 lists.pop(next(iter(lists)), None)
-            pids = pids[:]
-            lists[n] = [pids]
-            return pids
-        for held in recent:
-            if held == pids:
-                lists[n] = recent
-                return held
+            recent = []
+        elif pids in recent:
+            lists[n] = recent
+            return recent[recent.index(pids)]
         pids = pids[:]
-        lists[n] = [*recent, pids][-SAME_LISTS_PER_LENGTH:]
+        lists[n] = [pids, *recent[:SAME_LISTS_PER_LENGTH - 1]]
         return pids
 
     def _thread_number(self) -> int:
