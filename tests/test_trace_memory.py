@@ -99,3 +99,26 @@ def test_a_routed_turn_holds_its_routed_subsets_once():
     assert per_turn <= PER_TURN, (
         f"{per_turn:.0f} bytes a routed turn at {TENSORS} tensors (budget {PER_TURN:.0f}): a list "
         "an event holds is a copy of one the trace has, or holds new int objects for its pids")
+
+
+def test_same_list_hands_back_an_equal_list_held_before_and_otherwise_a_copy():
+    from graddoctor.instrument import recorder as recorder_module
+
+    rec = Recorder(step_budget=None)
+    first = list(range(300, 340))
+    held = rec.same_list(first)
+    assert held == first and held is not first  # a copy, sized to its length
+    assert rec.same_list(list(range(300, 340))) is held
+    other = rec.same_list(list(range(301, 341)))  # same length, other values
+    assert other == list(range(301, 341)) and other is not held
+    assert rec.same_list(list(range(300, 340))) is held  # both kept for their length
+    # at most SAME_LISTS_PER_LENGTH lists per length, newest first: the oldest is let go
+    for start in range(400, 400 + recorder_module.SAME_LISTS_PER_LENGTH):
+        rec.same_list(list(range(start, start + 40)))
+    assert rec.same_list(list(range(301, 341))) is not other
+    # at most SAME_LIST_LENGTHS lengths: the one met longest ago is let go
+    kept = rec.same_list(list(range(1000, 1100)))
+    for n in range(1, recorder_module.SAME_LIST_LENGTHS + 1):
+        rec.same_list(list(range(2000, 2000 + n)))
+    assert len(rec._same_lists) <= recorder_module.SAME_LIST_LENGTHS
+    assert rec.same_list(list(range(1000, 1100))) is not kept
