@@ -45,7 +45,7 @@ _UNSET = object()
 # not worth the call on every full turn)
 SAME_LIST_LENGTHS = 64
 SAME_LISTS_PER_LENGTH = 4
-SAME_LIST_MIN = 32
+SAME_LIST_MIN = 16
 
 
 def _shape(tensor) -> list[int] | None:
