@@ -73,7 +73,7 @@ from .gradstate import Tensor, grads_of, local, states_of
 from .identities import call
 
 _has_torch_function_unary = torch._C._has_torch_function_unary
-from .recorder import Recorder
+from .recorder import SAME_LIST_MIN, Recorder
 from .topics import DESCRIBE_LOSS, LEAF_TRACKED
 from .gradstate import version as grad_version
 
@@ -640,6 +640,8 @@ class BackwardWatcher:
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = ctx.tensors = []  # let go of the grads held since the start
         ctx.held = {}
+        if len(fresh) >= SAME_LIST_MIN:  # held once where equal to a list the trace holds
+            fresh = rec.same_list(fresh)
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
@@ -675,13 +677,15 @@ class BackwardWatcher:
         fresh: list = []
         accumulated: list = []
         cleared: list = []
+        # the pids' own int objects (``Identities.ints``), not one new int per pid and backward
+        numbers = rec.tensors.ints if type(pids) is range else pids
         if not held:  # every grad was None before: whatever was written is fresh
-            fresh = list(compress(pids, written))
+            fresh = list(compress(numbers, written))
         else:
             for i in compress(range(len(written)), written):
                 verdict = held[i][1] if i in held else FRESH
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
-                 else cleared).append(pids[i])
+                 else cleared).append(numbers[i])
         try:
             self._step_cosine = self._step_scale = None
             ctx.updated_by_hand, ctx.applied_by_hand = self._hand_updates(pids, tensors, written,

@@ -34,7 +34,7 @@ from . import fold
 from .gradstate import Tensor, grads_of, states_of
 from .identities import call
 from .gradstate import version as grad_version
-from .recorder import Recorder
+from .recorder import SAME_LIST_MIN, Recorder
 from .subclasses import Depth
 
 _version = attrgetter("_version")
@@ -177,11 +177,11 @@ class ClipWatcher:
         ids = list(map(id, params))
         last = self._last_given
         if last is not None and last[0] == ids and all(map(is_, map(call, last[2]), params)):
-            known_pids = list(last[1])
+            known_pids = last[1]  # the list the events of those calls hold (never changed)
         else:
             known_pids = rec.tensors.numbers(params)
             self._last_given = None if None in known_pids else (
-                ids, list(known_pids), list(map(rec.tensors.refs.__getitem__, known_pids)))
+                ids, known_pids, list(map(rec.tensors.refs.__getitem__, known_pids)))
         if None not in known_pids:  # every one a tracked tensor
             grads = grads_of(params)
             has = list(map(is_not, grads, repeat(None)))
@@ -254,6 +254,8 @@ class ClipWatcher:
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
         by_norm = via != "clip_grad_value_"
+        if len(with_grad) >= SAME_LIST_MIN:  # (the backward's before it, most often)
+            with_grad = rec.same_list(with_grad)
         event = rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked,
                                  limit=limit,
                                  norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm

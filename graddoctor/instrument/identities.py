@@ -23,11 +23,15 @@ class Identities:
     Hot loops may inline ``get``: ``n = ids.number.get(id(obj))`` and then
     ``n is not None and ids.refs[n]() is obj``."""
 
-    __slots__ = ("number", "refs")
+    __slots__ = ("number", "refs", "ints")
 
     def __init__(self) -> None:
         self.number: dict[int, int] = {}  # id(obj) -> its number (the latest object there)
         self.refs: list[Callable[[], Any]] = []  # number -> weakref (or a holder) of its object
+        # number -> the int object it was given as (the one ``number`` and ``numbers`` hand
+        # out): a list of numbers built from it holds no int of its own (numbers past 256 are
+        # not cached by Python: a pass over ``range`` makes a new one per element)
+        self.ints: list[int] = []
 
     def __call__(self, obj) -> int:
         """``obj``'s number, given now if it has none."""
@@ -40,6 +44,7 @@ class Identities:
         except TypeError:  # no weak reference: kept alive, so its address stays its own
             ref = _Held(obj)
         self.refs.append(ref)
+        self.ints.append(number)
         self.number[id(obj)] = number
         return number
 

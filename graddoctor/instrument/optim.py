@@ -32,7 +32,7 @@ from .divergence import Divergence
 from .editfactor import EditFactors
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .identities import call
-from .recorder import Recorder
+from .recorder import SAME_LIST_MIN, Recorder
 from .topics import (FREEZE_OF, GRADS_UNSCALED, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
                      STEPPED_WITHOUT_GRAD)
 
@@ -1197,6 +1197,8 @@ class OptimizerWatcher:
             without = rec.grads.after_step(
                 rec.opt_params.get(opt, ()), grads_read, keeps_grads=torch_step,
                 untouched=untouched, predictable=predictable)
+            if len(without) >= SAME_LIST_MIN:  # held once where equal to a list the trace holds
+                without = rec.same_list(without)
             event = rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                              loc if loc is not None else rec.here(3))
             if (loc is not None and untouched and not closure and not without

@@ -40,6 +40,12 @@ from .topics import TOPICS, F, Subscribers, Topic
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 _UNSET = object()
+# ``Recorder.same_list``: the lengths it remembers lists of, and the lists it keeps per length;
+# the hooks hand it only lists of at least SAME_LIST_MIN pids (a smaller model's lists are small:
+# not worth the call on every full turn)
+SAME_LIST_LENGTHS = 64
+SAME_LISTS_PER_LENGTH = 4
+SAME_LIST_MIN = 16
 
 
 def _shape(tensor) -> list[int] | None:
@@ -113,6 +119,8 @@ class Recorder:
         # events and pids are numbered in order: threads of the script emit and track too
         self.lock = threading.RLock()
         self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
+        # length -> the latest lists of pids of that length put into events (``same_list``)
+        self._same_lists: dict[int, list[list]] = {}
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns (add_params: never changed in place)
         self.param_names: dict[int, str] = {}
         self.is_parameter: dict[int, bool] = {}
@@ -233,6 +241,29 @@ class Recorder:
             if kind in THREADED_KINDS and get_ident() != self.script_thread:
                 made = (kind, {**made[1], "thread": self._thread_number()})
             return self.trace.put(made, loc)
+
+    def same_list(self, pids: list) -> list:
+        """An equal list of pids that an event already holds, else a copy of ``pids`` sized to
+        its length (``list(compress(...))`` leaves room to grow): one object for equal values.
+        A loop whose turns never fold (a mixture of experts' routing) keeps every turn's lists
+        in the trace; equal ones (the gradients a clip clips, those the backward before it
+        wrote; a routing seen a few turns before) are then held once. Only for a list handed to
+        an event (final: never changed afterwards), given up for the one returned. Compared, in
+        C and newest first, with the last ``SAME_LISTS_PER_LENGTH`` lists of each of the last
+        ``SAME_LIST_LENGTHS`` lengths met."""
+        lists = self._same_lists
+        n = len(pids)
+        recent = lists.pop(n, None)  # (put back last: the length met latest)
+        if recent is None:
+            if len(lists) >= SAME_LIST_LENGTHS:  # the length met longest ago
+                lists.pop(next(iter(lists)), None)
+            recent = []
+        elif pids in recent:
+            lists[n] = recent
+            return recent[recent.index(pids)]
+        pids = pids[:]
+        lists[n] = [pids, *recent[:SAME_LISTS_PER_LENGTH - 1]]
+        return pids
 
     def _thread_number(self) -> int:
         """1, 2, ...: the script's threads other than the one running it, in order of first use."""
