@@ -47,6 +47,7 @@ def _found(tmp_path, read, lrs, cls="Mine"):
 def test_a_step_reading_the_constructor_lr_under_a_schedule_is_found(tmp_path, read):
     f = _found(tmp_path, read, [0.1, 0.1, 0.01, 0.01])
     assert len(f) == 1 and f[0].location.line == 11 and f[0].evidence["lrs"] == [0.01, 0.1]
+    assert "lr 0.1 at the first step and lr 0.01 at the last" in f[0].message
     assert 'group["lr"]' in f[0].fix and read in f[0].message
 
 

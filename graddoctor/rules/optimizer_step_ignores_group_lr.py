@@ -50,6 +50,13 @@ def _step_of(tree: ast.AST, cls: str) -> ast.FunctionDef | None:
     return None
 
 
+def _shown(lrs: list) -> str:
+    values = sorted(set(lrs))
+    if len(values) == 1:
+        return f"lr {values[0]:.3g}"
+    return f"lrs {values[0]:.3g} to {values[-1]:.3g}"
+
+
 class OptimizerStepIgnoresGroupLr(Rule):
     """
     ## What it does
@@ -103,8 +110,11 @@ class OptimizerStepIgnoresGroupLr(Rule):
             cls = init.get("cls")
             if not cls or init.loc is None or cls in seen:
                 continue
-            lrs = {round(p.lr, 12) for points in timeline.get(opt, {}).values()
-                   for p in points if p.lr is not None}
+            # the first and the last step's lrs of each group: what folding a long run keeps
+            groups = [points for points in timeline.get(opt, {}).values() if points]
+            first = [g[0].lr for g in groups if g[0].lr is not None]
+            last = [g[-1].lr for g in groups if g[-1].lr is not None]
+            lrs = {round(v, 12) for v in first + last}
             if len(lrs) < 2:
                 continue
             tree = a.source.tree(init.loc.path)
@@ -116,12 +126,11 @@ class OptimizerStepIgnoresGroupLr(Rule):
                 continue
             seen.add(cls)
             line, shown = single[0]
-            low, high = min(lrs), max(lrs)
             yield self.finding(
                 f"{cls}.step() takes its lr from `{shown}` and reads no param group's lr, while "
-                f"the run gave its param groups lrs from {low:.3g} to {high:.3g}: every group "
-                f"is updated with the one lr the optimizer was built with, so the scheduler's "
-                f"changes and the per-group lrs are never applied",
+                f"its param groups held {_shown(first)} at the first step and {_shown(last)} at "
+                f"the last: every group is updated with the one lr the optimizer was built "
+                f"with, so the scheduler's changes and the per-group lrs are never applied",
                 Location(init.loc.path, line),
                 related=(related(init, f"the {cls} built here"),),
                 fix=f'replace `{shown}` with the lr of the param group being updated (`group["lr"]`)',
