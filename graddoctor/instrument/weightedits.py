@@ -66,13 +66,17 @@ class WeightEditWatcher:
         self._edited = None  # (samples, loc) of the backward that saw an edit in this update
         self._kept_told = 0
         self._retired = False  # the backwards are no longer looked at
+        self._steps = 0  # steps begun
 
     def after_step(self, opt, optimizer) -> None:
         self._previous = None  # the step moved the weights: that is no edit of the script's
         self._origin = self._edited = None
 
     def before_step(self, opt, optimizer) -> None:
+        self._steps += 1
         if self._edited is None:
+            if self._retired or self._steps >= _LOOKED:  # the backwards looked at are past
+                self.rec.retire(STEP_BEGINS, self.before_step)
             return
         edited, self._edited = self._edited, None
         if self._retired:
