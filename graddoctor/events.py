@@ -998,6 +998,12 @@ weights_edited     params [pid] (optimizer-owned parameters whose sampled values
                    place between the previous backward and this one, with no optimizer step in
                    between (SAM's ascent to w + e) — at the first 16 backwards, 4 at most
                    (loc: the backward about to run; an aside; instrument/weightedits.py)
+weights_edit_kept  params [pid] (the edited parameters still at their edited values), sampled
+                   (how many of the edited ones were compared), edited_at ([path, line] of the
+                   backward that saw the edit): an optimizer step begins while at least half of
+                   the parameters a weights_edited named hold the values of that backward, not
+                   those of the update's first backward (SAM's w + e never undone before the base
+                   step) (loc: the step; an aside; instrument/weightedits.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
                    parameter and a constant exactly zero at two backwards with a step between
@@ -2514,6 +2520,10 @@ def weights_edited(*, params: list[int], sampled: int, before: list | None) -> M
     return "weights_edited", {"params": params, "sampled": sampled, "before": before}
 
 
+def weights_edit_kept(*, params: list[int], sampled: int, edited_at: list | None) -> Made:
+    return "weights_edit_kept", {"params": params, "sampled": sampled, "edited_at": edited_at}
+
+
 def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
@@ -2788,7 +2798,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "weights_edit_kept": weights_edit_kept, "self_copy": self_copy,
     "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "log_det_positions": log_det_positions, "flow_identity_dims": flow_identity_dims, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "input_written": input_written, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
@@ -2859,7 +2869,7 @@ ASIDE_KINDS = frozenset({"self_product_offset", "dropout_default", "class_weight
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "mask_sees_itself", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "overlap_scores", "weighted_class_absent", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "overlap_scores", "weighted_class_absent", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "weights_edit_kept", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -43,6 +43,7 @@ BAD = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**", "bad_*.py"), recu
 NO_EDIT = {
     # which optimizer of which phase should own the left-out head, at which lr, is a person's call
     "bad_lightning_second_fit_head_left_out.py", "bad_head_left_out_after_pretraining.py",
+    "bad_param_not_in_optimizer_phase_reuses_optimizer.py",
     # which name is the row grid is read from the source; renaming the script's grids is a person's call
     "bad_meshgrid_axes_swapped_point_centres.py", "bad_meshgrid_axes_swapped_numpy_heatmap.py",
     # which comparison keeps the confident rows is read from the source; the flip is a person's

@@ -130,3 +130,22 @@ def test_misplaced_zero_grad_takes_a_clear_before_a_pass_at_moved_weights_for_sa
         t.backward(fresh=[0, 1], line=20)
         t.step(0, line=30)
     assert findings(t, "misplaced-zero-grad") == []
+
+
+def test_the_rule_points_at_the_call_that_asked_to_keep_the_gradients(tmp_path):
+    script = tmp_path / "train.py"
+    lines = [""] * 40
+    lines[9] = "    loss.backward()"
+    lines[14] = "    sam.first_step(zero_grad=False)  # keeps g(w)"
+    lines[19] = "    loss_fn(model(x), y).backward()"
+    script.write_text("\n".join(lines) + "\n")
+    t = builder()
+    t.path = str(script)
+    for _ in range(2):
+        t.clear([0, 1], line=9)
+        t.backward(fresh=[0, 1], line=10)
+        t.put(ev.weights_edited(params=[0, 1], sampled=2, before=[str(script), 10]), line=20)
+        t.backward(accumulated=[0, 1], line=20)
+        t.step(0, line=30)
+    f = only(t, SLUG)
+    assert f.location.line == 15 and [r.location.line for r in f.related] == [20, 10, 30]

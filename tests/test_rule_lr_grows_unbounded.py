@@ -131,3 +131,44 @@ def test_the_branch_of_a_lambda_def_is_found(tmp_path):
                       "other = LambdaLR(opt, lambda s: s if s < 3 else 1)\n")  # 6
     assert factor_branch_line(str(script), 5, "LambdaLR") == 2
     assert factor_branch_line(str(script), 6, "LambdaLR") is None  # inline: the call's own line
+
+
+def _climb_then(after_opt_steps: int, interleaved: bool = False):
+    """opt 0's lr climbs 4x per step, written by the script (a manual lr range test); then
+    opt 1 (the training optimizer) takes ``after_opt_steps`` steps at a fixed lr. ``interleaved``:
+    opt 1 also steps inside the climb (two optimizers trained together)."""
+    from graddoctor import events as ev
+    from graddoctor.trace import TraceBuilder
+    from lr_traces import P
+    t = TraceBuilder()
+    t._params(P)
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=list(P), lrs=[1e-4]), 2)
+    if interleaved:
+        t.put(ev.optimizer_init(opt=1, cls="SGD", params=list(P), lrs=[0.1]), 3)
+    for i in range(8):
+        t.clear(P, line=10)
+        t.backward(fresh=P, line=11)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[1e-4 * 4 ** i]), 12)
+        t.step(0, line=12)
+        if interleaved:
+            t.put(ev.step_begin(opt=1, norm_pids=None, norms=None, lrs=[0.1]), 13)
+            t.step(1, line=13)
+    if not interleaved:
+        t.put(ev.optimizer_init(opt=1, cls="SGD", params=list(P), lrs=[0.1]), 20)
+    for _ in range(after_opt_steps):
+        t.clear(P, line=21)
+        t.backward(fresh=P, line=22)
+        t.put(ev.step_begin(opt=1, norm_pids=None, norms=None, lrs=[0.1]), 23)
+        t.step(1, line=23)
+    t.put(ev.run_end(status="step-limit", steps=8 + after_opt_steps))
+    return t.trace
+
+
+def test_a_climb_handed_over_to_a_fresh_optimizer_is_a_range_test():
+    # the climbing optimizer stopped after its 8 steps and training went on with another one
+    assert _found(_climb_then(4)) == []
+
+
+def test_a_climb_beside_another_optimizer_is_still_found():
+    assert len(_found(_climb_then(0))) == 1  # the run stopped while it still climbed
+    assert len(_found(_climb_then(0, interleaved=True))) == 1  # two optimizers stepped together

@@ -412,3 +412,22 @@ def test_a_wrappers_base_optimizer_over_its_own_groups_is_no_copy(tmp_path):
         t.step(1, line=8)
     found = findings(t, SLUG)
     assert found and all(f.evidence.get("cause") != "optimizer-over-another's-parameters" for f in found)
+
+
+def test_a_later_statement_that_hands_the_optimizer_to_the_next_phase_is_found(tmp_path):
+    from graddoctor.analysis.source import rebound_later
+    script = tmp_path / "train.py"
+    script.write_text("def main():\n"                                   # 1
+                      "    head_opt = SGD(head.parameters())\n"          # 2
+                      "    fit(head_opt)\n"                              # 3
+                      "    head_opt = head_opt\n"                        # 4: rebinds its own name
+                      "    unfreeze(model)\n"                            # 5
+                      "    trainer.optimizer = head_opt\n"               # 6
+                      "    optimizer = head_opt\n"                       # 7
+                      "def other():\n"                                   # 8
+                      "    opt = SGD(model.parameters())\n"              # 9
+                      "    self.opt = opt\n"                             # 10: nothing unfrozen before
+                      "    fit(opt)\n")                                  # 11
+    assert rebound_later(str(script), 2) == 6
+    assert rebound_later(str(script), 9) is None
+    assert rebound_later(str(script), 3) is None  # not an assignment to a name

@@ -143,6 +143,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias
             "zero_grad/bad_grads_accumulated_across_weight_edit_sam.py",  # weights_edited
+            "zero_grad/bad_perturbation_not_undone_sam_function.py",  # weights_edit_kept
             "registration/bad_weight_copy_aliases_params_lookahead.py",  # self_copy
             "autograd/bad_grad_graph_unused_penalty.py",  # grad_graph_unused
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared

@@ -531,7 +531,7 @@ def growths(a: "Analysis") -> list[Growth]:
             continue
         if w.scheduled and w.cls == "LambdaLR" and _factor_capped(a, w):
             continue  # a warm-up longer than the replay, to a peak its lambda caps
-        if _range_test(a, w):
+        if _range_test(a, w) or _handed_over(a, opt):
             continue  # an lr range test: it climbs until the loss diverges, then stops
         out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
     return out
@@ -547,6 +547,22 @@ def _range_test(a: "Analysis", w: LrWriter) -> bool:
     else:
         locs = [w.loc] if w.loc is not None else []
     return any(a.source.stops_on_divergence(loc.path, loc.line) for loc in locs)
+
+
+def _handed_over(a: "Analysis", opt: int) -> bool:
+    """Whether the optimizer stopped stepping and training went on with another one whose first
+    step came after its last: a probe run for a fixed number of steps (an lr range test that
+    climbs on purpose, then training starts over with a fresh optimizer), not a schedule that
+    keeps rising while the script trains on."""
+    mine = [s.seq for s in a.steps if s.get("opt") == opt]
+    if not mine:
+        return False
+    firsts: dict = {}
+    for s in a.steps:
+        other = s.get("opt")
+        if other != opt and other not in firsts:
+            firsts[other] = s.seq
+    return any(seq > mine[-1] for seq in firsts.values())
 
 
 def _factor_capped(a: "Analysis", w: LrWriter) -> bool:

@@ -93,6 +93,9 @@ class ScriptSource:
     def keeping_line(self, path: str, line: int, name: str) -> int | None:
         return keeping_line(self.full(path), line, name)
 
+    def rebound_later(self, path: str, line: int) -> int | None:
+        return rebound_later(self.full(path), line)
+
     def discarded_updates(self, path: str) -> list[tuple[int, str, str, str]]:
         return discarded_updates(self.full(path))
 
@@ -1092,6 +1095,40 @@ def keeping_line(path: str, line: int, name: str) -> int | None:
     loop = innermost_loop(path, line)
     inside = [h for h in hits if loop is not None and loop[0] <= h <= loop[1]]
     return min(inside or hits)
+
+
+def rebound_later(path: str, line: int) -> int | None:
+    """The first later statement of the scope (function or module) whose statement at ``line``
+    builds an object into a plain name (``head_opt = LARS(...)``) that binds the same object to
+    another name (``optimizer = head_opt``) after the scope unfroze something in between
+    (``requires_grad_(True)``, ``p.requires_grad = True``, an ``unfreeze...(...)`` call): a later
+    phase taking over what an earlier phase built. None when there is none or the source cannot
+    be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = tree
+    for node in walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno > scope.lineno):
+            scope = node
+    built = next((n for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno == line
+                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)), None)
+    if built is None:
+        return None
+    name = built.targets[0].id
+    later = [n.lineno for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno > line
+             and isinstance(n.value, ast.Name) and n.value.id == name
+             and all(isinstance(t, (ast.Name, ast.Attribute)) and _root(t) != name for t in n.targets)]
+    if not later:
+        return None
+    first = min(later)
+    unfrozen = any(line < n.lineno < first and (
+        isinstance(n, ast.Attribute) and n.attr in ("requires_grad_", "requires_grad")
+        or isinstance(n, ast.Call) and "unfreeze" in (_call_name(n) or "").lower())
+        for n in walk(scope) if hasattr(n, "lineno"))
+    return first if unfrozen else None
 
 
 # tensor methods that return a new tensor (their in-place twins end with "_")

@@ -372,6 +372,7 @@ class Instrumentation:
         # stepped weights edited in place between two backwards that add up (grads-accumulated-across-weight-edit)
         edits = WeightEditWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, edits.describe_loss)
+        rec.subscribe(STEP_BEGINS, edits.before_step)
         rec.subscribe(STEPPED, edits.after_step)
         self.watchers.append(edits)
         # a weight copy taken without clone() written back onto its parameter (weight-copy-aliases-params)

@@ -18,7 +18,8 @@ Then, for each pair:
 * whether anything writes the copy: its parameters' versions and storages at each step, and a
   sample of their values (``p.data.mul_`` moves no version);
 * what the script's own code does to the trained model between two of its optimizer's steps
-  (the first ``MEASURED`` of them): the change Δh from after one step to before the next, its
+  (the first ``MEASURED`` of them; any optimizer that owns the model's parameters counts, so
+  the base optimizer of a wrapper that never steps itself, SAM's, is the model's): the change Δh from after one step to before the next, its
   cosine with the way to the copy (the copy's values minus the model's, after the step) and
   its length over that way, and whether the copy moved in that interval. An update written the
   wrong way round moves the model toward a copy that stays put;
@@ -158,7 +159,7 @@ def _followed(copy_before, copy_after, model) -> list | None:
 
 
 class _Pair:
-    __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
+    __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "owners", "equal", "copy_params",
                  "model_params", "marks", "base", "written", "written_step", "forwards",
                  "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params",
                  "follows", "model_targets", "model_target_loc", "model_handle", "norms")
@@ -167,6 +168,9 @@ class _Pair:
         self.copy = weakref.ref(copy)
         self.model = weakref.ref(model)
         self.copy_name, self.model_name, self.opt, self.equal = copy_name, model_name, opt, equal
+        # every optimizer that owns the model's parameters: a wrapper (SAM, Lookahead built as
+        # an Optimizer) owns them too but never steps; its base optimizer's steps are the model's
+        self.owners: frozenset = frozenset() if opt is None else frozenset((opt,))
         self.copy_params = _params(copy)
         self.model_params = _params(model)
         self.params = len(self.copy_params)
@@ -256,6 +260,7 @@ class CopyWatcher:
             a, b = _sample(_params(module)), _sample(_params(model))
             equal = a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
             pair = _Pair(module, model, name, model_name, opt, equal)
+            pair.owners = frozenset(o for o, pids in rec.opt_params.items() if pid in pids)
             self._hook(pair, module)
             self._pairs.append(pair)
 
@@ -323,7 +328,7 @@ class CopyWatcher:
             steps = self.rec.progress.steps
             for pair in self._pairs:
                 self._check_written(pair, steps, values=self._checks <= VALUE_CHECKS)
-                if pair.opt == opt and pair.post is not None:
+                if opt in pair.owners and pair.post is not None:
                     self._measure(pair, steps)
         except Exception as exc:
             self._pairs = []
@@ -340,7 +345,7 @@ class CopyWatcher:
     def after_step(self, opt: int, optimizer) -> None:
         try:
             for pair in self._pairs:
-                if pair.opt == opt and pair.measured < MEASURED:
+                if opt in pair.owners and pair.measured < MEASURED:
                     model, copy = _sample(pair.model_params), _sample(pair.copy_params)
                     pair.post = (model, copy) if model is not None and copy is not None \
                         and model.shape == copy.shape else None

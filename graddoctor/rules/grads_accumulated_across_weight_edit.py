@@ -7,6 +7,22 @@ from .base import Rule
 _UPDATES = 2  # updates in which it must be seen
 
 
+_KEEP_FLAG = "zero_grad=False"
+_FLAG_SPAN = 12  # lines between the two backwards searched for the call that kept the gradients
+
+
+def _kept_by_flag(a, before, at: Location | None) -> Location | None:
+    """The line between the two backwards of one function that asks to keep the gradients
+    (SAM's ``first_step(zero_grad=False)``): the call a person changes, when there is one."""
+    if not before or at is None or before[0] != at.path or not 0 < at.line - before[1] <= _FLAG_SPAN:
+        return None
+    for line in range(before[1] + 1, at.line):
+        text = a.source.line_text(at.path, line).split("#")[0].replace(" ", "")
+        if _KEEP_FLAG in text:
+            return Location(at.path, line)
+    return None
+
+
 class GradsAccumulatedAcrossWeightEdit(Rule):
     """
     ## What it does
@@ -48,7 +64,8 @@ class GradsAccumulatedAcrossWeightEdit(Rule):
     weights unchanged); the weights moved by an optimizer step between the two backwards (a
     GAN's two players, Lookahead's sync); hand-written updates with no optimizer
     (hand-update-without-zero-grad reports those). Not seen: GPU parameters (their values are
-    not read).
+    not read). It points at the backward that adds onto the kept gradients, or at the call
+    between the two backwards that asked to keep them (`first_step(zero_grad=False)`).
     """
 
     code = "GD284"
@@ -83,7 +100,8 @@ class GradsAccumulatedAcrossWeightEdit(Rule):
                 continue
             e, summed = seen[0]
             before = e.get("before")
-            related = []
+            loc = _kept_by_flag(a, before, e.loc) or e.loc
+            related = [] if loc is e.loc else [Related(e.loc, "the backward that adds onto them")]
             where = "an earlier backward"
             if before:
                 where = f"the backward at line {before[1]}"
@@ -97,7 +115,7 @@ class GradsAccumulatedAcrossWeightEdit(Rule):
                 f"optimizer step): the step applies the sum of gradients taken at two different "
                 f"points, g(w) + g(w + e), not the gradient at the perturbed weights (SAM's "
                 f"sharpness-aware update is lost; it trains like SGD at about twice the lr)",
-                e.loc, step=a.next_step_number(e.seq), related=related,
+                loc, step=a.next_step_number(e.seq), related=related,
                 evidence={"params": summed[:16], "updates": len(steps)},
                 fix=("clear the gradients before this backward, once the first ones are used "
                      "(optimizer.zero_grad(), or SAM's first_step(zero_grad=True)); if summing "

@@ -62,7 +62,9 @@ class LrGrowsUnbounded(Rule):
     a run that ended on its own; an lr range test (every lr the script set at most 1e-5, or a
     schedule stepped in a function that stops when the loss diverges, `if loss > 4 * best_loss:
     break`, as torch-lr-finder's and fastai's finders do: it climbs exponentially on purpose,
-    then training starts over).
+    then training starts over); an optimizer that climbed, stopped stepping and handed training
+    over to another optimizer whose first step came after its last (a range test of a fixed
+    number of steps, then a fresh optimizer from restored weights).
     """
 
     code = "GD137"

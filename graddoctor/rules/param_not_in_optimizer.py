@@ -27,7 +27,8 @@ class ParamNotInOptimizer(Rule):
     leave it to this one), parameters frozen when the optimizer was built over the trainable ones
     (`filter(lambda p: p.requires_grad, model.parameters())`) and unfrozen later without being
     added to it (gradual unfreezing; pointed at the optimizer, with the update they first got
-    a gradient at), a list of parameters taken before the model took its present shape
+    a gradient at, or at the later statement of its scope that hands it to the next phase
+    under another name, `optimizer = head_opt`), a list of parameters taken before the model took its present shape
     (`trainable = [p for p in model.parameters() if p.requires_grad]`, then LoRA adapters
     injected or a head appended and the old weights frozen: the optimizer built from it owns
     nothing that gets a gradient; pointed at the list), an optimizer built over exactly the
@@ -307,6 +308,10 @@ class ParamNotInOptimizer(Rule):
         one = len(pids) == 1
         they, them = ("it", "it") if one else ("they", "them")
         cls = a.optimizer_class(construction["opt"]) or "optimizer"
+        built = construction.loc
+        reused = a.source.rebound_later(built.path, built.line) if built is not None else None
+        if reused is not None:
+            return self._reused(a, pids, construction, first, update, Location(built.path, reused))
         return self.finding(
             f"{a.names(pids)} {'receives' if one else 'receive'} gradients (seen from update "
             f"{update}) but no optimizer owns {them}: the {cls} built here did not take {them} "
@@ -321,6 +326,29 @@ class ParamNotInOptimizer(Rule):
             fixes={},
             evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
                       "cause": "gradients-after-optimizer", "update": update},
+        )
+
+    def _reused(self, a, pids, construction, first, update, loc):
+        """The late parameters' case where a later phase takes over the earlier phase's
+        optimizer under another name (``optimizer = head_opt`` after unfreezing the backbone):
+        the line that reuses it is the one to change."""
+        cls = a.optimizer_class(construction["opt"]) or "optimizer"
+        text = a.source.line_text(loc.path, loc.line).strip()
+        old = text.split("=")[-1].strip() or "the earlier optimizer"
+        return self.finding(
+            f"{a.names(pids)} receive gradients (seen from update {update}) but no optimizer "
+            f"owns them: `{text}` reuses the {cls} built at line {construction.loc.line} over "
+            f"the parameters trainable then, and it never took the ones unfrozen since, so they "
+            f"never train",
+            loc,
+            related=(related(construction, "the optimizer built before they were unfrozen"),
+                     related(first, "the first backward that gives them gradients")),
+            fix=(f"build a new optimizer here over every trainable parameter, or add the "
+                 f"unfrozen ones to {old} with {old}.add_param_group({{\"params\": [...], "
+                 f"\"lr\": ...}})"),
+            fixes={},
+            evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                      "cause": "gradients-after-optimizer", "update": update, "reused_at": loc.line},
         )
 
     def _on_copy(self, a, left: dict):

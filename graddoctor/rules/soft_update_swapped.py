@@ -26,7 +26,8 @@ class SoftUpdateSwapped(Rule):
     copy is a module no optimizer trains, with the trained model's parameter shapes: one that
     makes targets in the update (under `no_grad`, or an output without gradient), or an
     average kept to evaluate or save (`AveragedModel`, an EMA class). Between two
-    steps of the model's optimizer (the first 24), a sample of the copy's values is compared
+    steps of the model's optimizer (the first 24; any optimizer that owns its parameters, so
+    the base optimizer of a SAM wrapper that never steps itself), a sample of the copy's values is compared
     before and after, with the way from the copy to the model after the step: it is reported
     when, at two updates or more, the copy's move runs straight along that way (cosine
     ≥ 0.99), covers more than half of it and less than all of it, and keeps the same share
