@@ -291,6 +291,14 @@ token_copy         positions (the targets compared), lookups (the embedding look
                    and no lookup of the targets one position later, at the first 3 backwards of
                    a line, once per backward line (loc: the backward; an aside;
                    instrument/tokencopy.py)
+unshuffle_misplaced rows, length (the positions a row's unshuffle permutes), kept (the tokens
+                   a gather below kept per row), placed (the share of them put back where they
+                   were taken from) — a gather along dim 1 by rows of permutations over a
+                   cat along dim 1, whose first part comes from a gather of k < length distinct
+                   positions per row, that puts fewer than half of the kept tokens back at
+                   their positions (an MAE's ids_restore that is not the inverse of the
+                   shuffle), at the first 2 backwards of a line, once per backward line (loc:
+                   the backward; an aside; instrument/unshuffle.py)
 token_labels_shifted end ("first" | "last": the batch's first position or each row's last
                    real one), rows (the batch's rows), values (distinct labels counted there),
                    classes (the scores' classes), vocab (the embedding's rows) — a
@@ -1549,7 +1557,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops``, ``self_product_offset`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``padding_pooled``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops``, ``self_product_offset`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``normaliser_sign``, ``distance_bias``, ``easy_weighted``, ``overlap_scores``, ``weighted_class_absent``, ``ignored_mask``, ``padding_kept``, ``padding_pooled``, ``unshuffle_misplaced``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``cumulative_axis``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -2049,6 +2057,10 @@ def edges_across_graphs(*, graphs: int, nodes: int, edges: int, across: float, r
 
 def softmax_over_edges(*, op: str, edges: int, targets: int, fn: str) -> Made:
     return "softmax_over_edges", {"op": op, "edges": edges, "targets": targets, "fn": fn}
+
+
+def unshuffle_misplaced(*, rows: int, length: int, kept: int, placed: float) -> Made:
+    return "unshuffle_misplaced", {"rows": rows, "length": length, "kept": kept, "placed": placed}
 
 
 def token_copy(*, positions: int, lookups: int, stepwise: bool = False) -> Made:
@@ -2823,7 +2835,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "weighted_class_absent": weighted_class_absent, "overlap_scores": overlap_scores, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "unshuffle_misplaced": unshuffle_misplaced, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "cumulative_axis": cumulative_axis, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "normaliser_sign": normaliser_sign, "distance_bias": distance_bias, "easy_weighted": easy_weighted, "weighted_class_absent": weighted_class_absent, "overlap_scores": overlap_scores, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled, "self_product_offset": self_product_offset,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2871,7 +2883,7 @@ ASIDE_KINDS = frozenset({"self_product_offset", "dropout_default", "class_weight
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "log_det_positions", "flow_identity_dims", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "normaliser_sign", "distance_bias", "easy_weighted", "overlap_scores", "weighted_class_absent", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "weights_edit_kept", "self_copy",
                          "same_compared", "aggregate_sum",
-                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
+                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "unshuffle_misplaced", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",

@@ -324,3 +324,88 @@ def test_the_input_built_with_the_where_branches_swapped_is_the_line_to_change(t
     a = Analysis(TraceBuilder(str(filled)).trace)
     assert _input_keeps_counted(a, str(filled), ["mask"], text)[0] == 1
     assert _input_keeps_counted(a, str(filled), ["keep"], text) is None
+
+
+# -- the mask id written at the positions the labels ignore (instrument/promptmask.py) ---------
+
+def _mask_beside_batch(beside: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(4, 60, (8, 24), generator=g)
+    masked = torch.rand(8, 24, generator=g) < 0.15
+    draw = torch.rand(8, 24, generator=g)
+    replaced = (draw < 0.8) & (~masked if beside else masked)
+    randomized = masked & ~replaced & (draw >= 0.9)
+    inputs = seq.clone()
+    inputs[replaced] = 3
+    inputs[randomized] = torch.randint(4, 60, (int(randomized.sum()),), generator=g)
+    labels = seq.masked_fill(~masked, -100)
+    return inputs, labels
+
+
+def test_a_mask_id_at_the_ignored_positions_is_seen():
+    from graddoctor.instrument.promptmask import mask_beside_labels
+    inputs, labels = _mask_beside_batch(beside=True)
+    found = mask_beside_labels(inputs, labels, -100, 60)
+    assert found is not None and found["by"] == "mask_beside" and found["mask_id"] == 3
+    assert found["hidden"] >= 0.7 and found["counted"] < 0.3
+
+
+def test_a_mask_id_at_the_counted_positions_or_a_dense_loss_is_silent():
+    from graddoctor.instrument.promptmask import mask_beside_labels
+    inputs, labels = _mask_beside_batch(beside=False)
+    assert mask_beside_labels(inputs, labels, -100, 60) is None
+    # separators ignored between documents of a packed batch: most positions are counted
+    ids = torch.randint(4, 60, (8, 24))
+    ids[:, 8::8] = 2
+    labels = ids.masked_fill(ids == 2, -100)
+    assert mask_beside_labels(ids, labels, -100, 60) is None
+    # tags of another vocabulary than the inputs' (a token classifier)
+    inputs, labels = _mask_beside_batch(beside=True)
+    assert mask_beside_labels(inputs, labels, -100, 40) is None
+
+
+def test_the_mask_beside_event_points_at_the_inverted_selection(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "masked = torch.rand(8, 24) < 0.15\n"
+        "labels = seq.masked_fill(~masked, -100)\n"
+        "swap = (torch.rand(8, 24) < 0.8) & ~masked\n"
+        "tokens = seq.clone()\n"
+        "tokens[swap] = MASK_TOKEN\n"
+        "loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())\n")
+    t = TraceBuilder(path=str(script))
+    t.put(ev.masked_visible(how="ignore_index", counted=0.15, visible=0.5, hidden=0.8,
+                            by="mask_beside", positions=192, features=1, normalised=False,
+                            ignore_index=-100, mask_id=3), 7)
+    f = only(t, SLUG)
+    assert f.location.line == 4 and "`swap`" in f.fix and "id 3" in f.message
+
+
+def test_a_filler_left_out_beside_a_mask_id_at_the_counted_positions_is_silent():
+    from graddoctor.instrument.promptmask import mask_beside_labels
+    g = torch.Generator().manual_seed(2)
+    seq = torch.randint(4, 60, (8, 24), generator=g)
+    seq[torch.rand(8, 24, generator=g) < 0.6] = 0  # alignment gaps, never predicted
+    chosen = (torch.rand(8, 24, generator=g) < 0.3) & (seq != 0)
+    inputs = seq.masked_fill(chosen & (torch.rand(8, 24, generator=g) < 0.8), 3)
+    labels = seq.masked_fill(~chosen, -100)
+    assert mask_beside_labels(inputs, labels, -100, 60) is None
+
+
+def test_labels_at_the_kept_tokens_point_at_an_inverted_mask_selection(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "select = torch.rand(8, 24) < 0.15\n"
+        "labels = torch.where(select, seq, torch.full_like(seq, -100))\n"
+        "hide = torch.rand(8, 24).lt(0.9).logical_and(select.logical_not())\n"
+        "tokens = seq.clone()\n"
+        "tokens[hide] = MASK_ID\n"
+        "loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())\n")
+    t = TraceBuilder(path=str(script))
+    t.put(ev.masked_visible(how="ignore_index", counted=0.15, visible=1.0, hidden=0.9,
+                            by="tokens", positions=192, features=1, normalised=False,
+                            ignore_index=-100), 7)
+    f = only(t, SLUG)
+    assert f.location.line == 4 and "`hide`" in f.fix

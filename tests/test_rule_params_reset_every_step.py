@@ -181,3 +181,41 @@ def test_the_watcher_tells_a_redraw_from_edits_that_keep_the_values():
                                     m.weight.add_(torch.randn_like(m.weight) * 1e-3),
                                     m.weight.div_(m.weight.norm(dim=1, keepdim=True).clamp(min=0.2))))
     assert len(kept) == 1 and kept[0]["redrawn"] == [[]] * 4
+
+
+# -- the model and its copy passed in each other's places to the script's EMA function --------
+
+_EMA_SCRIPT = (
+    "import torch\n"                                                           # 1
+    "def ema_step(net, shadow, decay):\n"                                      # 2
+    "    for s, p in zip(shadow.parameters(), net.parameters()):\n"            # 3
+    "        s.mul_(decay).add_(p, alpha=1 - decay)\n"                         # 4
+    "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"                        # 5
+    "for step in range(4):\n"                                                  # 6
+    "    opt.step()\n"                                                         # 7
+    "    ema_step({}, 0.99)\n")                                                # 8
+
+
+def _call_swapped_in(tmp_path, args: str):
+    from graddoctor.analysis import Analysis
+    from graddoctor.location import Location
+    from graddoctor.rules.params_reset_every_step import _call_swapped
+    from graddoctor.trace import TraceBuilder
+
+    script = tmp_path / "train.py"
+    script.write_text(_EMA_SCRIPT.format(args))
+    t = TraceBuilder(str(script))
+    t.optimizer(0, P, line=5, cls="SGD")
+    a = Analysis(t.trace)
+    return _call_swapped(a, 0, (Location(str(script), 4), "s.mul_(decay).add_(p, alpha=1 - decay)"))
+
+
+def test_the_call_that_swaps_the_model_and_its_copy_is_the_line_to_change(tmp_path):
+    found = _call_swapped_in(tmp_path, "shadow, net")
+    assert found is not None and found[0].line == 8
+    assert "ema_step(net, shadow, 0.99)" in found[2] and "ema_step(shadow, net, 0.99)" in found[1]
+
+
+def test_a_call_in_the_function_s_order_or_with_other_names_is_not_swapped(tmp_path):
+    assert _call_swapped_in(tmp_path, "net, shadow") is None
+    assert _call_swapped_in(tmp_path, "teacher, net") is None  # one name only: not a swap of the two

@@ -256,3 +256,40 @@ def test_a_sequence_first_tensor_whose_axis_1_is_the_targets_batch_is_not_over_t
     assert over_batch((16, 5), 0, {16}, None, {16})
     # no target read: as before
     assert over_batch((9, 16, 1), 0, {9}, None, set())
+
+
+# -- a pseudo-label's top class read from a softmax over the batch (source only) ---------------
+
+def _pseudo_label_trace(tmp_path, body: str):
+    from graddoctor.trace import TraceBuilder
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n" + body + "loss.backward()\n")
+    line = len(body.splitlines()) + 2
+    t = TraceBuilder(path=str(script))
+    t.backward(fresh=[0], line=line)
+    return t
+
+
+def test_a_pseudo_label_taken_from_a_softmax_over_the_batch_is_found(tmp_path):
+    from rule_traces import only
+
+    t = _pseudo_label_trace(tmp_path, (
+        "p = torch.softmax(weak.detach(), dim=0)\n"      # 2
+        "conf, pseudo = torch.max(p, dim=-1)\n"          # 3
+        "loss = (ce(strong, pseudo) * (conf > 0.9)).mean()\n"))
+    f = only(t, "softmax-over-batch")
+    assert f.location.line == 2 and "dim=-1" in f.fix and f.evidence["pseudo_label"]
+
+
+def test_a_renormalised_softmax_or_a_single_vector_is_silent(tmp_path):
+    from rule_traces import findings
+
+    t = _pseudo_label_trace(tmp_path, (
+        "q = torch.softmax(scores, dim=0)\n"
+        "q = q / q.sum(dim=1, keepdim=True)\n"
+        "codes = q.argmax(dim=1)\n"
+        "probs = torch.softmax(policy(state), dim=0)\n"
+        "action = probs.argmax()\n"
+        "loss = ce(scores, codes)\n"))
+    assert findings(t, "softmax-over-batch") == []

@@ -138,6 +138,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_loss_term_repeated_chamfer_direction.py",  # term_repeated
             "masks/bad_masked_mean_counts_padding_tokens.py",  # masked_mean
             "masks/bad_masked_target_visible_node_features.py",  # masked_visible
+            "masks/bad_restore_not_inverse_series_mae.py",  # unshuffle_misplaced
             "numerics/bad_eps_adam_one.py",  # eps_share
             "numerics/bad_activations_tanh_init.py",  # activation_saturated
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load

@@ -64,6 +64,7 @@ from .policysign import PolicySignWatcher
 from .degreenorm import DegreeNormWatcher
 from .selfscatter import SelfScatterWatcher
 from .tokencopy import TokenCopyWatcher
+from .unshuffle import UnshuffleWatcher
 from .tokenlabels import TokenLabelsWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
@@ -404,6 +405,9 @@ class Instrumentation:
         token_copy = TokenCopyWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, token_copy.describe_loss)
         self.watchers.append(token_copy)
+        unshuffle = UnshuffleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, unshuffle.describe_loss)
+        self.watchers.append(unshuffle)
         # tagger labels one position off their tokens (token-labels-shifted)
         token_labels = TokenLabelsWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, token_labels.describe_loss)

@@ -23,6 +23,11 @@ sit on the CPU (``LossCalls`` tells ``loss_call``), and the latest ``_BATCHES`` 
 (batch, length) batches given to ``F.embedding`` until then (references only; the wrapper does
 nothing once closed). One ``prompt_trained`` aside event per loss line, at the loss call.
 
+A masked LM whose [MASK] id went to the positions its labels ignore (the selection of the
+replaced tokens drawn from the complement of the labelled ones) is seen from the same batch: the
+ignored positions inside most rows hold one id, the counted positions never do, and no id fills
+most counted positions (``mask_beside_labels``: a ``masked_visible`` aside, ``by`` mask_beside).
+
 The same comparison shows masked-token labels set the wrong way (``masked-target-visible``):
 labels that are, where counted, the very tokens of the batch embedded last at the same
 position, while inside most rows the ignored positions hold one id no counted position holds
@@ -128,6 +133,55 @@ def labels_visible(ids, target, ignore: int) -> dict | None:
             "positions": rows * length, "features": 1, "normalised": False, "ignore_index": ignore}
 
 
+def mask_beside_labels(ids, target, ignore: int, classes: int | None) -> dict | None:
+    """What shows a masked language model whose [MASK] id is written at the positions its labels
+    ignore (``replaced = ... & ~masked`` for ``& masked``), or None: the loss counts a minority of
+    the positions (``_COUNTED``, at most half), its labels are ids of the vocabulary it scores
+    (``classes``) holding three values or more, and inside most rows the ignored positions hold,
+    at ``_SPECIAL`` of them or more, one id that neither a counted label nor the input at a
+    counted position ever holds: the hidden positions are the ones the loss leaves out, and the
+    ones it counts show the model their token or a random one. A filler the loss leaves out on
+    purpose (alignment gaps, separators) sits beside a mask id at most counted positions, or
+    beside a loss over most positions: both silent."""
+    rows, length = int(ids.shape[0]), int(ids.shape[1])
+    if classes is None or classes < 8 or rows < _MIN_ROWS or length < 4 \
+            or target.numel() != rows * length \
+            or (target.dim() == 2 and tuple(target.shape) != (rows, length)):
+        return None
+    t = target.reshape(rows, length)
+    counted = t != ignore
+    n = int(counted.sum())
+    if n < _MIN_COUNTED or not _COUNTED[0] <= n / (rows * length) <= 0.5 \
+            or int(ids.max()) >= classes or int(t[counted].max()) >= classes \
+            or int(t[counted].min()) < 0 or int(torch.unique(t[counted]).numel()) < 3:
+        return None
+    positions = torch.arange(length)
+    first_counted = torch.where(counted, positions, torch.full_like(positions, length)).amin(1)
+    last_counted = torch.where(counted, positions, torch.full_like(positions, -1)).amax(1)
+    inside = ~counted & (positions[None] > first_counted[:, None]) & (positions[None] < last_counted[:, None])
+    spread = int(inside.any(1).sum())
+    if spread < _MIN_ROWS or spread < _SPREAD * rows:
+        return None
+    held = ids[inside]
+    if held.numel() < _MIN_COUNTED:
+        return None
+    values, counts = torch.unique(held, return_counts=True)
+    top = int(counts.argmax())
+    mask_id, share = int(values[top]), int(counts[top]) / held.numel()
+    if share < _SPECIAL or bool((ids[counted] == mask_id).any()) or bool((t[counted] == mask_id).any()):
+        return None
+    # a correct masking puts one id (its own mask id) at most counted positions: then the id
+    # inside the ignored positions is a filler the loss leaves out on purpose (alignment gaps)
+    shown = torch.unique(ids[counted], return_counts=True)[1]
+    if int(shown.max()) >= _SPECIAL * n:
+        return None
+    same = int(((t == ids) & counted).sum())
+    return {"how": "ignore_index", "counted": round(n / (rows * length), 4),
+            "visible": round(same / n, 4), "hidden": round(share, 4), "by": "mask_beside",
+            "positions": rows * length, "features": 1, "normalised": False, "ignore_index": ignore,
+            "mask_id": mask_id}
+
+
 def _indexed_visible(ids, logits, target) -> dict | None:
     """``labels_visible`` for targets read through a boolean index (``cross_entropy(logits[m],
     ids[m])``): the targets put back at the positions the index picked, -1 elsewhere."""
@@ -178,6 +232,14 @@ def _tail_rows(ids, pads, ignored, offset: int, span: int) -> dict | None:
             "ignored_real": round(float(tail[inverted].float().mean()), 2)}
 
 
+def _classes(scores) -> int | None:
+    """The number of classes a token loss scores: the last axis of (N, C) scores, the class axis
+    (dim 1) of (B, C, T) ones."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() < 2:
+        return None
+    return int(scores.shape[-1] if scores.dim() == 2 else scores.shape[1])
+
+
 class PromptMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -221,7 +283,8 @@ class PromptMaskWatcher:
                     break
                 if tokens is self._batches[-1][0]:  # the batch embedded last: the model's own
                     visible = labels_visible(tokens.detach(), target.detach(), ignore) \
-                        or _indexed_visible(tokens.detach(), input, target.detach())
+                        or _indexed_visible(tokens.detach(), input, target.detach()) \
+                        or mask_beside_labels(tokens.detach(), target.detach(), ignore, _classes(input))
         if found is None:
             if visible is not None:
                 loc = self.rec.here(3)

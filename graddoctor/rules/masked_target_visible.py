@@ -19,7 +19,10 @@ class MaskedTargetVisible(Rule):
     frame modelling whose error is kept where the input was left intact, an inpainting model
     given the whole image (the hole only as an extra channel) and asked for the hole, a
     BERT-style masked language model whose labels are set at the tokens that were not replaced,
-    or whose mask id went into the labels instead of the inputs (the model is given every token
+    whose mask id went to the positions its labels ignore (the replaced positions drawn from
+    the complement of the labelled ones, `& ~masked`: the ignored positions inside the rows
+    hold the mask id, the counted ones never do, and show the model their own token or a random
+    one), or whose mask id went into the labels instead of the inputs (the model is given every token
     and asked for the mask id: the counted labels hold, often and spread over the positions, an
     id of the input's vocabulary that the input never holds, and no lookup holds the other
     labels one position later, as a language model's would).
@@ -30,7 +33,9 @@ class MaskedTargetVisible(Rule):
     out are the ones the model does not see (replaced, zeroed, dropped before the encoder, or a
     mask channel tells it where they are). It points at the line to change: where the input is
     built with `torch.where(mask, tokens, MASK)` (its branches swapped) or
-    `tokens.masked_fill(~mask, MASK)` from the mask the loss counts with, that statement. A loss
+    `tokens.masked_fill(~mask, MASK)` from the mask the loss counts with, that statement; where
+    the one write of a mask id into the input (`tokens[hide] = MASK`) takes an index made with
+    an inversion (`hide = draw & ~masked`), that index's statement. A loss
     that comes out of a method of the model (an MAE's `forward_loss`) is pointed at the file's
     one masked reduction that inverts a mask (`(loss * (1 - mask)).sum() / (1 - mask).sum()`),
     where there is one.
@@ -64,7 +69,9 @@ class MaskedTargetVisible(Rule):
     extra channel; a loss on every position beside a masked term; padding left out of a
     reconstruction loss (the padded input is its target there: nothing is hidden); a loss mask
     over targets that are not the input (labels, next steps); token labels set to -100 in one
-    run at a row's start or end (prompts, padding). Not seen: models on an accelerator, inputs
+    run at a row's start or end (prompts, padding); a filler the loss leaves out on purpose
+    inside the rows (alignment gaps, separators) beside a mask id at the counted positions, or
+    beside a loss over most positions. Not seen: models on an accelerator, inputs
     made by a layer other than `nn.Linear`, a convolution or an embedding, a masked term whose
     error is not a square, an absolute value or one of torch's regression losses.
     """
@@ -92,6 +99,18 @@ class MaskedTargetVisible(Rule):
                 yield self.finding(
                     f"{what}, so the model is given every token and asked for the mask id, and "
                     f"learns nothing about predicting a hidden token", loc, fix=fix,
+                    evidence={"how": e.get("how"), "counted": counted, "visible": visible,
+                              "mask_share": hidden, "by": by, "mask_id": e.get("mask_id"),
+                              "positions": e.get("positions")})
+                continue
+            if by == "mask_beside":
+                yield self.finding(
+                    f"the masked-LM loss counts {counted:.0%} of the token positions, and the "
+                    f"input never holds the mask id {e.get('mask_id')} at any of them, while "
+                    f"{hidden:.0%} of the positions it ignores inside the rows hold it: the mask "
+                    f"id is written where the labels are -100, so the loss asks only for tokens "
+                    f"the model is shown (kept or replaced by random ones, {visible:.0%} the very "
+                    f"token) and never for a hidden one", loc, fix=fix,
                     evidence={"how": e.get("how"), "counted": counted, "visible": visible,
                               "mask_share": hidden, "by": by, "mask_id": e.get("mask_id"),
                               "positions": e.get("positions")})
@@ -132,11 +151,16 @@ class MaskedTargetVisible(Rule):
             return _mask_written(a, loc), (
                 "write the mask id into the inputs at the masked positions (`inputs[masked] = "
                 "MASK`) and keep the original tokens as the labels there")
+        if e.get("by") == "mask_beside":
+            return _mask_placement(a, loc, e.get("mask_id"))[:2]
         built = a.source.loss_assignment(loc.path, loc.line) if e.get("by") not in ("tokens",) else None
         line, text = built if built is not None else (loc.line, a.source.line_text(loc.path, loc.line))
         at = Location(loc.path, line, loc.hook)
         if e.get("by") == "tokens":
             ignore = e.get("ignore_index")
+            placed, placed_fix, inverted = _mask_placement(a, loc, None)
+            if inverted:  # the labels are right, the mask's positions were drawn from their complement
+                return placed, placed_fix
             if not isinstance(ignore, int):
                 kept = _input_keeps_counted(a, loc.path, _mask_names(text or ""), text or "")
                 if kept is not None:
@@ -183,6 +207,42 @@ class MaskedTargetVisible(Rule):
 _MASK_INTO_LABELS = re.compile(
     r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*\[[^\]]+\]\s*=\s*([^=].*)$")
 _LABEL_NAME = re.compile(r"label|target|tgt|(^|_)y($|_)", re.I)
+
+
+_MASK_FIX = ("write the mask id at the positions the labels keep (the selection drawn from the "
+             "masked positions, `& masked`), so the loss asks for the tokens the model was not shown")
+
+
+def _mask_placement(a, loc, mask_id) -> tuple[Location, str, bool]:
+    """The statement that chose where the mask id goes into the inputs: the one write of a mask
+    id into a slice of an input (``input_ids[replaced] = MASK``), or the assignment of its index
+    when that inverts a mask (``replaced = draw & ~masked``: then True); else the loss."""
+    tree = a.source.tree(loc.path)
+    if tree is None:
+        return loc, _MASK_FIX, False
+    writes = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                and isinstance(target.slice, ast.Name)) or _LABEL_NAME.search(target.value.id):
+            continue
+        value = node.value
+        named = ast.unparse(value) if isinstance(value, (ast.Name, ast.Attribute)) else ""
+        if re.search(r"mask", named, re.I) or (isinstance(value, ast.Constant)
+                                                and value.value == mask_id and mask_id is not None):
+            writes.append((node.lineno, target.slice.id))
+    if len(writes) != 1:
+        return loc, _MASK_FIX, False
+    line, index = writes[0]
+    made = a.source.value_origin(loc.path, line, index)
+    if made is not None and re.search(r"~\s*\(?\s*[A-Za-z_]|logical_not|\b1\.?0?\s*-\s*[A-Za-z_(]",
+                                      made[1].split("#")[0]):
+        return Location(loc.path, made[0], ""), (
+            f"draw `{index}` from the masked positions, not from their complement: "
+            f"`{made[1].strip()}` puts the mask id where the labels are ignored"), True
+    return Location(loc.path, line, ""), _MASK_FIX, False
 
 
 def _mask_written(a, loc) -> Location:

@@ -33,7 +33,10 @@ class ParamsResetEveryStep(Rule):
     copy that never changes) is a warning: the model cannot move far from where it started.
     Where the update reads right for the copy (`ema_p.mul_(d).add_(p, ...)`) but the loop
     around it binds the names the wrong way round (`for ema_p, p in zip(model.parameters(),
-    ema.parameters())`), it points at the loop, whose zip's arguments are to swap.
+    ema.parameters())`), it points at the loop, whose zip's arguments are to swap; where the
+    update sits in a function of the script whose one call passes the model and its copy in
+    each other's places (`def update_ema(model, ema_model, d)` called as
+    `update_ema(ema_model, model, d)`), it points at that call.
     Values re-drawn by hand (`w.data.normal_(0, 0.02)` in a `reset()` the loop calls,
     `p.data = torch.randn_like(p)`, `b.data.zero_()`) are found the same way: after every
     measured update, a tensor's values are replaced by ones unrelated to them (their cosine
@@ -159,7 +162,7 @@ class ParamsResetEveryStep(Rule):
         where = _edit_line(a, opt, edit.loc)
         loc = where[0] if where is not None else edit.loc
         shown = f" (`{where[1]}`)" if where is not None else ""
-        swapped = _zip_swapped(a, opt, where) if pulled else None
+        swapped = (_zip_swapped(a, opt, where) or _call_swapped(a, opt, where)) if pulled else None
         n = len(back)
         evidence = {"params": a.param_names(pids), "via": "hand edit", "steps": n,
                     "back": back, "share": share, "home": home, "home_share": home_share}
@@ -181,7 +184,7 @@ class ParamsResetEveryStep(Rule):
             f"step (as an EMA update written the wrong way round does: the model blended into a "
             f"copy that never changes): the model can never get further than about "
             f"{1 / fraction:,.0f} steps' worth of updates from its initial weights"
-            + (f": the update reads right, but the loop `{swapped[1]}` binds the copy's name to "
+            + (f": the update reads right, but {swapped[1]} binds the copy's name to "
                f"the model's parameters and the model's name to the copy's" if swapped else ""),
             swapped[0] if swapped else loc,
             related=(related(edit, "the step after the updates measured"),)
@@ -326,9 +329,53 @@ def _zip_swapped(a, opt, where) -> tuple[Location, str, str] | None:
         return None
     first, second = (ast.unparse(arg) for arg in loop.iter.args)
     header = f"for {names[0]}, {names[1]} in zip({first}, {second})"
-    return (Location(loc.path, loop.lineno), header,
+    return (Location(loc.path, loop.lineno), f"the loop `{header}`",
             f"swap the zip's arguments: `for {names[0]}, {names[1]} in zip({second}, {first})`, so "
             f"`{written.group(1)}` is the copy's parameter and the copy moves toward the model")
+
+
+def _call_swapped(a, opt, where) -> tuple[Location, str, str] | None:
+    """``(the call's line, what it does, the fix)`` when the statement that pulls the model back
+    sits in a function of the script (``def update_ema(model, ema_model, decay)``) whose one call
+    passes the model and its copy in each other's places (``update_ema(ema_model, model,
+    decay)``): two parameters given each other's names, one of them the model the optimizer
+    steps. The function reads right; the call is the line to change."""
+    if where is None:
+        return None
+    loc, _ = where
+    init = a.optimizers.get(opt)
+    tree = a.source.tree(loc.path)
+    if tree is None or init is None or init.loc is None or init.loc.path != loc.path:
+        return None
+    roots = _roots(a.source.call_argument(loc.path, init.loc.line, init.get("cls"), 0, "params"))
+    roots -= {"torch", "filter", "list", "lambda", "p"}
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.lineno < loc.line <= (n.end_lineno or n.lineno)]
+    if not roots or not functions:
+        return None
+    function = max(functions, key=lambda n: n.lineno)
+    params = [arg.arg for arg in function.args.posonlyargs + function.args.args]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == function.name]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    given = [arg.id if isinstance(arg, ast.Name) else None for arg in call.args]
+    for i, name in enumerate(given[:len(params)]):
+        if name is None or name == params[i] or name not in params:
+            continue
+        j = params.index(name)
+        if j < len(given) and given[j] == params[i] and ({params[i], name} & roots):
+            fixed = list(call.args)
+            fixed[i], fixed[j] = fixed[j], fixed[i]
+            shown = ", ".join([ast.unparse(arg) for arg in fixed]
+                              + [ast.unparse(kw) for kw in call.keywords])
+            return (Location(loc.path, call.lineno),
+                    f"the call `{ast.unparse(call)}`",
+                    f"swap the arguments: `{function.name}({shown})` gives "
+                    f"`{function.name}` the model as `{params[min(i, j)]}` and the copy as "
+                    f"`{params[max(i, j)]}`, so the copy moves toward the model")
+    return None
 
 
 def _fix(where, undone: bool) -> str:

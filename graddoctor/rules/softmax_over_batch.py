@@ -54,6 +54,11 @@ class SoftmaxOverBatch(Rule):
     normalises that target by hand with a sum over dim 0 (a pseudo-label sharpened as
     `q = p ** (1 / T); q = q / q.sum(dim=0, keepdim=True)`, or `q /= q.sum(0)`) instead of a
     softmax, it points at that division (of a name the script multiplies with a log-probability).
+    A hard pseudo-label made the same way is on no loss's graph (its classes and its confidence
+    mask carry no gradient), so there the source shows it: a name assigned once to a softmax over
+    dim 0 whose top class and probability the same function takes along the other axis
+    (`p = torch.softmax(logits_u_w.detach(), dim=0)`, then `torch.max(p, dim=-1)`,
+    `p.max(dim=1)`, `p.argmax(dim=1)`), in a script that trains; it points at the softmax.
 
     ## Why is this bad?
     Over dim 0 each class column sums to 1 across the samples: a sample's "probabilities" are
@@ -92,7 +97,9 @@ class SoftmaxOverBatch(Rule):
     `p / p.sum(0)` renormalised over the classes after, input features scaled by their column
     sums); a softmax over dim 0 inside the model's forward,
     which `samples-mixed-in-batch` reports, and one fed straight to `nll_loss`/`kl_div`, which
-    `loss-input-mismatch` reports.
+    `loss-input-mismatch` reports; balanced codes normalised over the batch and then over each
+    row before their top class is taken (a Sinkhorn step: the name is reassigned), and one
+    sample's vector of action probabilities whose top action is taken without a dim.
     """
 
     code = "GD185"
@@ -104,9 +111,36 @@ class SoftmaxOverBatch(Rule):
 
     def check(self, a):
         events = list(a.by_kind.get("softmax_batch", ()))
-        if not events or self._reported_elsewhere(a):
-            return
         used: set = set()
+        if events and not self._reported_elsewhere(a):
+            yield from self._from_events(a, events, used)
+        yield from self._pseudo_labels(a, used)
+
+    def _pseudo_labels(self, a, used: set):
+        """A softmax over dim 0 whose rows' top class (``max``/``argmax`` over the last axis) is
+        taken as a pseudo-label and its confidence: made without gradient, it is on no loss's
+        graph, so only the source shows it."""
+        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None})
+        for path in paths:
+            for line, text, name, read_line, read_text in _top_class_of_batch_softmax(a, path):
+                if (path, line) in used:
+                    continue
+                used.add((path, line))
+                fixed = text.replace("dim=0", "dim=-1") if "dim=0" in text else None
+                yield self.finding(
+                    f"`{text}` normalises over dim 0, the batch, while `{read_text}` (line "
+                    f"{read_line}) takes each row's top class and its probability from `{name}`: "
+                    f"the pseudo-labels and their confidences come from each class's share of "
+                    f"the batch, not from each sample's distribution over its classes, so the "
+                    f"unlabelled loss learns other samples' guesses and its confidence mask "
+                    f"(below 1/batch for most rows) keeps almost nothing",
+                    Location(path, line),
+                    evidence={"name": name, "read_line": read_line, "pseudo_label": True},
+                    fix=(f"`{fixed}`: normalise each row over its classes, the axis its top class "
+                         f"is taken along" if fixed else
+                         "normalise over the classes (`dim=-1`), the axis the top class is taken along"))
+
+    def _from_events(self, a, events, used: set):
         for event in events:
             if event.loc is None:
                 continue
@@ -179,6 +213,63 @@ class SoftmaxOverBatch(Rule):
             return True
         return any(e.get("mixed") and str(e.get("op") or "").startswith(_MIXING)
                    for e in a.by_kind.get("dependency", ()))
+
+
+_TOP = frozenset({"max", "argmax", "topk", "amax"})
+
+
+def _literal_dim(call: ast.Call, position: int) -> int | None:
+    value = next((k.value for k in call.keywords if k.arg == "dim"), None)
+    if value is None and len(call.args) > position:
+        value = call.args[position]
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub) \
+            and isinstance(value.operand, ast.Constant):
+        return -value.operand.value if isinstance(value.operand.value, int) else None
+    return value.value if isinstance(value, ast.Constant) and isinstance(value.value, int) else None
+
+
+def _top_class_of_batch_softmax(a, path: str) -> list[tuple[int, str, str, int, str]]:
+    """``(line, call text, name, read line, read text)`` for each ``name = softmax(..., dim=0)``
+    of ``path`` (``name`` assigned once in its function) whose ``name`` the same function reads with
+    ``max``/``argmax``/``topk`` over dim 1 or -1: a pseudo-label's top class and confidence."""
+    tree = a.source.tree(path)
+    calls = dict(a.source.softmax_first_axis_calls(path))
+    if tree is None or not calls:
+        return []
+    found = []
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    seen: set = set()
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.lineno in calls
+                    and node.lineno not in seen):
+                continue
+            name = node.targets[0].id
+            if not (isinstance(node.value, ast.Call) and ast.unparse(node.value) == calls[node.lineno]):
+                continue  # the softmax itself assigned, not an expression of it (a log-prior plus scores)
+            if sum(1 for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
+                   and any(isinstance(t, ast.Name) and t.id == name
+                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))) != 1:
+                continue  # reassigned: the read may see another value
+            for read in ast.walk(scope):
+                if not isinstance(read, ast.Call) or getattr(read, "lineno", 0) <= node.lineno:
+                    continue
+                func = read.func
+                if not (isinstance(func, ast.Attribute) and func.attr in _TOP):
+                    continue
+                if isinstance(func.value, ast.Name) and func.value.id == name:
+                    dim = _literal_dim(read, 1 if func.attr == "topk" else 0)
+                elif isinstance(func.value, ast.Name) and func.value.id == "torch" and read.args \
+                        and isinstance(read.args[0], ast.Name) and read.args[0].id == name:
+                    dim = _literal_dim(read, 2 if func.attr == "topk" else 1)
+                else:
+                    continue
+                if dim in (1, -1):
+                    seen.add(node.lineno)
+                    found.append((node.lineno, calls[node.lineno], name, read.lineno, ast.unparse(read)))
+                    break
+    return found
 
 
 def _class_dim(event, text: str) -> tuple[int, str]:
