@@ -11,7 +11,8 @@ class FrozenBnTrainMode(Rule):
     Finds BatchNorm layers whose parameters are frozen (`requires_grad=False`) or owned by no
     optimizer, yet run in train mode during training updates. It points at the `model.train()`
     call that put them in train mode; when nothing ever set their mode, at the freeze that
-    graddoctor saw (the first `requires_grad_(False)` that froze them), else at the forward call.
+    graddoctor saw (the first `requires_grad_(False)` that froze them) in a loop written by
+    hand, else (or under a framework, which calls `train()` itself) at the forward call.
 
     ## Why is this bad?
     Freezing the parameters does not freeze a BatchNorm layer: in train mode every forward
@@ -130,6 +131,9 @@ class FrozenBnTrainMode(Rule):
     def check(self, a):
         tl = a.modes
         groups: dict = {}
+        # a hand-written loop: eval() belongs at the freeze when nothing sets the mode; a
+        # framework calls train() itself, and the fix is its hook, at the forward it drives
+        by_hand = not a.framework
         misowned = {a.param_name(pid).rsplit(".", 1)[0]
                     for match in a.optimizers_on_copies.values() for pid in match["trained"]}
         for f in tl.forwards:
@@ -146,7 +150,7 @@ class FrozenBnTrainMode(Rule):
                 if cause is not None and not cause.get("mode"):
                     cause = None  # set to train mode by hand (m.training = True): name the forward
                 where = cause.loc if cause is not None else f.event.loc
-                if cause is None:
+                if cause is None and by_hand:
                     # nothing ever set its mode: the freeze is where eval() belongs
                     freeze = a.event((f.states.get(mid) or {}).get("freeze"))
                     where = freeze.loc if freeze is not None and freeze.loc is not None else where
