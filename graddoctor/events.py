@@ -2638,9 +2638,9 @@ def class_axis(*, fn: str, shape: list[int], dim: int, picked: int, how: str) ->
 
 
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
-              classes: int | None = None) -> Made:
+              classes: int | None = None, one_hot: bool = False) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params,
-                         "classes": classes}
+                         "classes": classes, "one_hot": one_hot}
 
 
 def shuffled_apart(*, kind: str, length: int, first: list, arrays: dict) -> Made:

@@ -144,3 +144,19 @@ def test_the_value_tests():
     assert distribution_axis(F.one_hot(torch.tensor([[0, 0, 1]]), 3).float()) == {2}
     assert distribution_axis(-onehot) == set()
     assert distribution_axis(torch.ones(2, 3, dtype=torch.long)) == set()
+
+
+def test_a_one_hot_target_with_ignored_positions_zeroed_is_still_a_distribution():
+    labels = torch.randint(0, 3, (2, 5, 6))
+    valid = torch.ones(2, 5, 6, dtype=torch.bool)
+    valid[:, 0] = False  # an ignored row of pixels
+    target = F.one_hot(labels, 3).permute(0, 3, 1, 2).float() * valid[:, None]
+    assert distribution_axis(target) == {1}
+    # mostly zeroed: no longer read as a distribution
+    valid[:, :4] = False
+    assert distribution_axis(F.one_hot(labels, 3).permute(0, 3, 1, 2).float() * valid[:, None]) == set()
+    valid[:, :4] = True
+    scores = torch.randn(2, 3, 5, 6, requires_grad=True) * 1.0
+    bad = _seen(-(target * torch.log_softmax(scores, dim=-1)).sum())
+    assert [(e["dim"], e["picked"], e["how"]) for e in bad] == [(3, 1, "target")]
+    assert _seen(-(target * torch.log_softmax(scores, dim=1)).sum()) == []

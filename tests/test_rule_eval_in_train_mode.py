@@ -219,3 +219,35 @@ def test_two_optimizers_stepped_after_one_loss_are_not_a_gan():
     fwd(t, [0], line=9, grad=False)
     end(t)
     assert lines(check(EvalInTrainMode, t)) == [9]
+
+
+def test_statistics_estimated_before_training_then_eval_is_silent():
+    # a frozen loss network's BatchNorm statistics estimated once under no_grad, then eval()
+    # before the first step, never in train mode again (a perceptual loss's VGG)
+    t = new()
+    bn(t, 1, name="vgg.bn1")
+    fwd(t, [1], line=3, grad=False)
+    mode_set(t, False, [1], line=4)
+    for _ in range(2):
+        mode_set(t, True, [0], line=8)
+        bn(t, 0)
+        fwd(t, [0], line=10)
+        fwd(t, [1], line=11, training=False, grad=False)
+        update(t, line=12)
+    end(t)
+    assert lines(check(EvalInTrainMode, t)) == []
+
+
+@pytest.mark.parametrize("later", [
+    # the layers train afterwards: a validation pass before training, not an estimate kept
+    lambda t: (mode_set(t, True, [1], line=8), fwd(t, [1], line=10), update(t, line=12)),
+    # the next mode call is train(), not eval(): the pass was meant to run in eval mode
+    lambda t: (mode_set(t, True, [1], line=6), mode_set(t, False, [1], line=7), update(t, line=12)),
+])
+def test_no_grad_pass_in_train_mode_before_training_still_reported(later):
+    t = new()
+    bn(t, 1, name="model.bn1")
+    fwd(t, [1], line=3, grad=False, calls=3)
+    later(t)
+    end(t)
+    assert 3 in lines(check(EvalInTrainMode, t))

@@ -128,3 +128,20 @@ def test_module_facts_later_in_the_same_window_are_used():
     (forward,) = Analysis(t.trace).modes.forwards
     assert forward.states[1]["frozen"] is True
     assert lines(check(FrozenBnTrainMode, t)) == [4]
+
+
+def test_frozen_bn_without_train_call_points_at_its_freeze():
+    # `vgg.requires_grad_(False)` and nothing ever calls vgg.eval(): eval() belongs at the freeze
+    t = new()
+    freeze = t.event("freeze", 7, calls=4)
+    bn(t, 0, name="vgg.bn0", frozen=True, owned=False, trainable=False, freeze=freeze.seq)
+    for _ in range(2):
+        fwd(t, [0], line=20, grad_modules=[])
+        fwd(t, [0], line=22, grad=False)
+        update(t, line=24)
+    end(t)
+    (finding,) = check(FrozenBnTrainMode, t)
+    assert finding.location.line == 7
+    assert [r.location.line for r in finding.related] == [7, 20]
+    assert "this freezes a BatchNorm layer (vgg.bn0)" in finding.message
+    assert "right after freezing" in finding.fix

@@ -36,3 +36,14 @@ def test_consistent_calls_other_arrays_and_unbuilt_callables_are_silent():
 def test_a_name_assigned_something_else_is_not_raw():
     src = "v = model(u0)\nv = v + noise\np = model(v)\nq = model((v - m) / s)\n"
     assert _found(src) == []
+
+
+def test_a_network_named_like_a_scaling_helper_is_no_standardisation():
+    # fast style transfer: the loss network gets the transformer network's output and the
+    # content image itself
+    src = ("transformer = TransformerNet()\nout = transformer(content)\n"
+           "f_out = model(out)\nf_content = model(content)\n")
+    assert _found(src) == []
+    # a scaling helper that is no network of the file still counts
+    src = "f_out = model(transform(content))\nf_content = model(content)\n"
+    assert _found(src) == [(3, "content", "content", 2)]

@@ -421,3 +421,29 @@ def test_gradient_norms_weighing_a_trainable_factor_are_data_on_purpose():
           "loss = d_loss + 10.0 * r1\n"
           "loss.backward()\n")
     assert not _scaled_by_learnable(ast.parse(r1), 2, 5)
+
+
+def test_a_loss_in_a_generator_is_followed_to_the_cut_of_its_zipped_input(tmp_path):
+    # `sum(F.mse_loss(a, b) for a, b in zip(feats_sr, feats_hr))`: `a` is read from feats_sr
+    # (cut), not from feats_hr (made under no_grad, the target)
+    from graddoctor.analysis.source import graph_cut
+    script = tmp_path / "sr.py"
+    script.write_text(textwrap.dedent("""\
+        sr = model(lr)
+        feats_sr = vgg(sr.detach())
+        with torch.no_grad():
+            feats_hr = vgg(hr)
+        perceptual = sum(F.mse_loss(a, b) for a, b in zip(feats_sr, feats_hr))
+        """))
+    line, _text, how = graph_cut(str(script), 5, "mse_loss")
+    assert (line, how) == (2, ".detach()")
+    script.write_text(textwrap.dedent("""\
+        sr = model(lr)
+        feats_sr = vgg(sr)
+        with torch.no_grad():
+            feats_hr = vgg(hr)
+        perceptual = sum(F.mse_loss(a, b) for a, b in zip(feats_sr, feats_hr))
+        styles = [F.mse_loss(g, t) for i, (g, t) in enumerate(zip(feats_sr, feats_hr))]
+        """))
+    assert graph_cut(str(script), 5, "mse_loss") is None
+    assert graph_cut(str(script), 6, "mse_loss") is None

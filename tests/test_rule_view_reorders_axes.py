@@ -3,6 +3,8 @@ where a transpose or permute was meant."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -172,3 +174,43 @@ def test_a_reshaped_batch_is_told_from_other_views_of_its_memory():
     transposed = frames.transpose(1, 2)
     assert _memory(scrambled) != _memory(transposed)
     assert _memory(scrambled) == _memory(frames.view(8, 10, 24))
+
+
+def test_a_one_hot_target_viewed_reordered_names_the_target():
+    t = builder(params=[0, 1])
+    t.put(ev.view_axes(shape_in=[8, 32, 32, 3], shape_out=[8, 3, 32, 32], params=[0, 1],
+                       one_hot=True), line=9)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert f.location.line == 9 and f.evidence["one_hot"] and "one-hot encoding" in f.message
+    assert f.evidence["order"] == [0, 3, 1, 2]
+
+
+def test_the_watcher_holds_a_one_hot_viewed_with_its_classes_moved():
+    from graddoctor.instrument.viewaxes import ViewAxesWatcher
+
+    class Finder:
+        def is_user_file(self, name):
+            return True
+
+    class Rec:
+        finder = Finder()
+
+        def here(self):
+            return ("script.py", 3)
+
+        def internal_error(self, where, exc):
+            raise exc
+
+    w = ViewAxesWatcher(Rec())
+    frame = sys._getframe()
+    one_hot = torch.nn.functional.one_hot(torch.randint(0, 3, (4, 5, 6)), 3)
+    w._one_hot(one_hot, (one_hot, 4, 3, 5, 6), {}, frame)
+    assert list(w._one_hots) == [((4, 5, 6, 3), (4, 3, 5, 6))]
+    w._one_hots.clear()
+    w._one_hot(one_hot, (one_hot, 4 * 5 * 6, 3), {}, frame)  # rows of classes: a merge in order
+    w._one_hot(one_hot.permute(0, 3, 1, 2).contiguous(), (one_hot, 4, 3, 5, 6), {}, frame)  # not one-hot along its last axis
+    w._one_hot(torch.randint(0, 3, (4, 5, 6, 3)), (one_hot, 4, 3, 5, 6), {}, frame)  # labels, not one-hot
+    assert w._one_hots == {}

@@ -3918,7 +3918,9 @@ def _cut_behind(path: str, tree: ast.AST, statement: ast.stmt, args: list) -> tu
     found = judged(statement, args)
     if found is not None:
         return found
-    todo = [(name, statement.lineno) for a in args for name in _value_names(a)]
+    bound = _comprehension_sources(statement)
+    todo = [(source, statement.lineno) for a in args for name in _value_names(a)
+            for source in bound.get(name, [name])]
     seen: set = set()
     for _ in range(16):
         if not todo:
@@ -3945,6 +3947,31 @@ def _cut_behind(path: str, tree: ast.AST, statement: ast.stmt, args: list) -> tu
             return found
         todo.extend((name, best.lineno) for name in _value_names(best.value))
     return None
+
+
+def _comprehension_sources(statement: ast.stmt) -> dict[str, list[str]]:
+    """The names a comprehension of ``statement`` binds -> the names its values come from:
+    ``a`` -> ``feats_sr`` in ``sum(F.mse_loss(a, b) for a, b in zip(feats_sr, feats_hr))``
+    (``zip``'s arguments by position; ``enumerate``'s second target; else every name the
+    iterable reads)."""
+    out: dict[str, list[str]] = {}
+    for node in walk(statement):
+        if not isinstance(node, ast.comprehension):
+            continue
+        target, it = node.target, node.iter
+        if isinstance(it, ast.Call) and _last_name(it.func) == "enumerate" and it.args \
+                and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            target, it = target.elts[1], it.args[0]
+        if isinstance(it, ast.Call) and _last_name(it.func) == "zip" and isinstance(target, ast.Tuple) \
+                and len(target.elts) == len(it.args):
+            pairs = list(zip(target.elts, it.args))
+        else:
+            pairs = [(target, it)]
+        for bound, source in pairs:
+            for leaf in walk(bound):
+                if isinstance(leaf, ast.Name):
+                    out[leaf.id] = _value_names(source)
+    return out
 
 
 def _cut_by_callers(path: str, tree: ast.AST, scope, name: str, judged) -> tuple[int, str, str] | None:

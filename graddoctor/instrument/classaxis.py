@@ -18,7 +18,8 @@ walked once (at most ``_NODES`` nodes) for the two ways a loss reads the target'
   is left alone.
 * ``MulBackward0`` of such a (log-)softmax result by a tensor without gradient of the same
   shape that is a distribution over another axis ``a`` (its values at least 0, summing to 1
-  along ``a``, a one-hot mask or soft targets) and not over ``d``; or of such a result indexed
+  along ``a``, a one-hot mask or soft targets; positions an ignore mask zeroed sum to 0) and
+  not over ``d``; or of such a result indexed
   per sample on its leading axes, ``d`` among them (``log_softmax(out, dim=1)[arange(B), a]``
   of a distributional Q-network's (batch, actions, atoms) output), by a distribution along a
   remaining axis: each row is then one entry of distributions over the indexed axis.
@@ -43,6 +44,7 @@ _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
 _DEPTH = 8  # in-place ops followed from the pick down to the softmax
 _VALUES = 1 << 22  # elements of an index or target read at most
+_DISTRIBUTED = 0.5  # share of a target's positions summing to 1 (the others masked to 0), at least
 _KINDS = {"SoftmaxBackward0": "softmax", "LogSoftmaxBackward0": "log_softmax"}
 # ops that keep each element where it was: the softmax's axis is the pick's axis
 _IN_PLACE = frozenset({
@@ -92,12 +94,17 @@ def varies_along(index: torch.Tensor, dim: int) -> bool:
 
 def distribution_axis(target: torch.Tensor, atol: float = 1e-4) -> set[int]:
     """The axes (longer than 1) along which ``target`` is a distribution: values at least 0
-    summing to 1."""
+    summing to 1 — or to 0 at a minority of positions, all of whose entries an ignore mask
+    zeroed (``one_hot * valid`` of a segmentation loss with ignored pixels)."""
     if not target.is_floating_point() or target.dim() < 2 or bool((target < 0).any()):
         return set()
     axes = set()
     for axis in range(target.dim()):
-        if target.shape[axis] > 1 and bool(((target.sum(axis) - 1).abs() <= atol).all()):
+        if target.shape[axis] < 2:
+            continue
+        sums = target.sum(axis)
+        one = (sums - 1).abs() <= atol
+        if bool((one | (sums == 0)).all()) and float(one.float().mean()) >= _DISTRIBUTED:
             axes.add(axis)
     return axes
 

@@ -640,11 +640,14 @@ class ModeWatcher:
 
         @functools.wraps(original)
         def requires_grad_(tensor, *args, **kwargs):
+            was_trainable = tensor.requires_grad
             result = original(tensor, *args, **kwargs)
             if isinstance(tensor, torch.nn.Parameter):
                 try:
                     if not tensor.requires_grad:
-                        watcher._record_freeze(tensor, sys._getframe(1))
+                        # a second freeze of a frozen parameter changes nothing: the first froze it
+                        if was_trainable or watcher.freeze_seq(tensor) is None:
+                            watcher._record_freeze(tensor, sys._getframe(1))
                     elif watcher._freeze_of:  # unfrozen: its freeze no longer explains anything
                         watcher._freeze_of.pop(id(tensor), None)
                 except Exception as exc:

@@ -180,6 +180,13 @@ def judge_padding(input: torch.Tensor, target: torch.Tensor) -> dict | None:
     return None
 
 
+def masked_alike(input: torch.Tensor, target: torch.Tensor) -> bool:
+    """The prediction is exactly 0 wherever the target is: one mask (a keypoint's target weight,
+    `F.mse_loss(pred * w, target * w)`) multiplied into both, so those entries add nothing."""
+    with torch.no_grad():
+        return bool((input.detach()[target.detach() == 0] == 0).all())
+
+
 def is_colour(target: torch.Tensor) -> bool:
     """A batch of colour images: 3 or 4 channels on axis 1 (N, C, H, W) or last (N, H, W, C)."""
     return target.dim() == 4 and (target.shape[1] in (3, 4) or target.shape[-1] in (3, 4))
@@ -246,6 +253,8 @@ class PlaceholderTargetWatcher:
                                  and reads_target(input, target)):
                 return
             if found["how"] == "rows" and is_colour_rows(input, target):
+                return
+            if found["how"] != "padded" and masked_alike(input, target):
                 return
             loc = self.rec.here()
             if loc in self._told:

@@ -41,6 +41,12 @@ How it is seen, and what it costs:
   ``_LOOSE`` between two backwards). At the backward, a node of the loss's graph that saved
   that tensor as its input (``_SAVED_INPUTS``: a convolution, a Linear's product, a product)
   makes it a ``view_axes`` event, with the parameters below that node.
+* An integer one-hot encoding (0/1 values, one 1 along its last axis: ``F.one_hot``'s output)
+  viewed with its axes reordered, the class axis moved off the last place (``one_hot(mask,
+  C).view(N, C, H, W)``), is a target scattered: its values are read once (at most
+  ``_ONE_HOT_VALUES``) and it becomes a ``view_axes`` event (``one_hot``) at the next backward,
+  with the parameters that loss trains. The casts and masks after it break any identity a graph
+  node could show, and a one-hot made under grad mode before a backward is the loss's target.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ _ROW_LOSSES = {"nll_loss": "cross_entropy/nll_loss", "mse_loss": "mse_loss", "l1
                "multilabel_soft_margin_loss": "multilabel_soft_margin_loss"}
 _MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
 _LOOSE = 16  # data reshaped outside a forward held between two backwards, at most
+_ONE_HOT_VALUES = 1 << 22  # elements of an integer tensor read to tell it is one-hot, at most
 # the saved inputs of the nodes that read data with a parameter (convolutions, Linear layers'
 # addmm, matrix products, elementwise products)
 _SAVED_INPUTS = ("_saved_input", "_saved_mat1", "_saved_self", "_saved_other")
@@ -308,6 +315,7 @@ class ViewAxesWatcher:
         # (weak reference to the result, the shape it was flattened from, the call's line)
         self._flat: dict = {}
         self._rows_told: set = set()
+        self._one_hots: dict = {}  # (input shape, output shape) of a one-hot viewed reordered -> line
 
     def install(self, patcher) -> None:
         for owner, name in ((torch.Tensor, "view"), (torch.Tensor, "reshape"), (torch, "reshape"),
@@ -355,8 +363,10 @@ class ViewAxesWatcher:
 
     def _before(self, args, kwargs, caller, result=None) -> None:
         tensor = args[0]
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
-                and torch.is_grad_enabled()):
+        if not (isinstance(tensor, torch.Tensor) and torch.is_grad_enabled()):
+            return
+        if not tensor.is_floating_point():
+            self._one_hot(tensor, args, kwargs, caller)
             return
         try:
             shape = _target_shape(tensor, args, kwargs)
@@ -400,11 +410,64 @@ class ViewAxesWatcher:
         except Exception as exc:
             self.rec.internal_error("view axes", exc)
 
+    def _one_hot(self, tensor, args, kwargs, caller) -> None:
+        """An integer one-hot encoding (``F.one_hot``: classes on the last axis) viewed with its
+        axes in another order (``one_hot(mask, C).view(N, C, H, W)`` for ``permute(0, 3, 1,
+        2)``): the target a loss compares the scores with, scattered. Reported at the next
+        backward with the parameters that loss trains."""
+        try:
+            if tensor.dim() < 3 or tensor.numel() > _ONE_HOT_VALUES or len(self._one_hots) >= _LOOSE \
+                    or tensor.dtype == torch.bool:
+                return
+            shape = _target_shape(tensor, args, kwargs)
+            if shape is None:
+                return
+            key = (tuple(int(s) for s in tensor.shape), shape)
+            classes = key[0][-1]
+            if classes < 2 or key in self._one_hots or key in self._told or shape[-1] == classes:
+                return
+            if key not in self._judged:
+                self._judged[key] = ("reordered" if reordered(*key) else
+                                     "rows" if class_rows(*key) else "")
+            if self._judged[key] != "reordered":
+                return
+            if not self.rec.finder.is_user_file(caller.f_code.co_filename):
+                return
+            with torch.no_grad():
+                if not (bool(((tensor == 0) | (tensor == 1)).all()) and bool((tensor.sum(-1) == 1).all())):
+                    return
+            loc = self.rec.here()
+            if loc is not None:
+                self._one_hots[key] = loc
+        except Exception as exc:
+            self.rec.internal_error("view axes", exc)
+
+    def _one_hot_targets(self, tensors) -> None:
+        held, self._one_hots = self._one_hots, {}
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        roots = [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if not roots:
+            return
+        tensors_seen = self.rec.tensors
+        pids: set = set()
+        for root in roots:
+            walked = reached(root, _LEAVES, truncate=True)
+            pids |= {pid for i in walked[1] if (pid := tensors_seen.number.get(i)) is not None
+                     and id(tensors_seen.refs[pid]()) == i}
+        for key, loc in held.items():
+            if key in self._told:
+                continue
+            self._told.add(key)
+            self.rec.emit_aside(ev.view_axes(shape_in=list(key[0]), shape_out=list(key[1]),
+                                             params=sorted(pids)[:64], one_hot=True), loc)
+
     def describe_loss(self, tensors) -> dict:
         if not self._open:
             return {}
         self._windows += 1
         try:
+            if self._one_hots:
+                self._one_hot_targets(tensors)
             if self._held:
                 self._look(tensors)
             if self._inputs:

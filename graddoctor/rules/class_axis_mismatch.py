@@ -47,7 +47,8 @@ class ClassAxisMismatch(Rule):
     arithmetic with a number) a softmax or log-softmax over another axis than the gather's,
     with an index that holds a different class at each position of the normalised axis; or
     such a result multiplied by a tensor without gradient that is a distribution (values at
-    least 0, summing to 1) along another axis than the normalised one; or such a result indexed
+    least 0, summing to 1; or to 0 at a minority of positions an ignore mask zeroed, as in
+    `one_hot * valid`) along another axis than the normalised one; or such a result indexed
     per sample on its leading axes, the normalised one among them, then multiplied by a
     distribution along a remaining axis (a C51 critic's `log_softmax(out, dim=1)` on (batch,
     actions, atoms) output, the taken action's row `[arange(B), actions]` times the projected

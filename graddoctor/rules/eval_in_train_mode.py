@@ -49,7 +49,8 @@ class EvalInTrainMode(Rule):
     teacher in eval mode under `no_grad`; a momentum encoder (MoCo, BYOL) run under
     `no_grad` inside the training forward, in train mode, EMA-updated; a GAN whose models
     stay in train mode; BatchNorm without running statistics; a model with no BatchNorm or
-    dropout.
+    dropout; a frozen feature network (a perceptual loss's VGG) whose statistics a no-grad pass
+    estimates before training, then `eval()` before the first step and never in train mode again.
     """
 
     code = "GD303"
@@ -91,6 +92,7 @@ class EvalInTrainMode(Rule):
     def check(self, a):
         tl = a.modes
         groups: dict = {}
+        calibrated = _statistics_warmups(a)
         for f in tl.forwards:
             if f.context != "outside" or not f.training or f.grad:
                 continue
@@ -99,7 +101,7 @@ class EvalInTrainMode(Rule):
             for mid in f.modules:
                 state = f.states.get(mid) or {}
                 if (state.get("layer") != "batchnorm" or not state.get("track_running_stats")
-                        or mid in f.recalibrated):
+                        or mid in f.recalibrated or mid in calibrated.get(f.event.seq, ())):
                     continue
                 group = groups.setdefault(f.event.loc, {"forward": f, "mids": []})
                 if mid not in group["mids"]:
@@ -123,3 +125,30 @@ class EvalInTrainMode(Rule):
                 evidence={"layers": [tl.name(m) for m in mids], "calls": f.event.get("calls", 1),
                           "inference_mode": bool(f.event.get("inference"))},
             )
+
+
+def _statistics_warmups(a) -> dict[int, set[int]]:
+    """seq of a no-grad train-mode forward -> the BatchNorm layers it only calibrates: it runs
+    before the first optimizer step, the next ``train()``/``eval()`` call that covers those layers
+    is an ``eval()`` made before any step, and they never run in train mode again — the running
+    statistics of a frozen feature network estimated once and then kept (what ``update_bn`` does
+    for a model that is done training)."""
+    tl = a.modes
+    last_training: dict[int, int] = {}
+    for g in tl.forwards:
+        if g.training:
+            for mid in g.modules:
+                last_training[mid] = max(last_training.get(mid, -1), g.event.seq)
+    mode_sets = sorted((e for kind in ("train", "eval") for e in a.by_kind.get(kind, ())),
+                       key=lambda e: e.seq)
+    out: dict[int, set[int]] = {}
+    for f in tl.forwards:
+        if f.grad or not f.training or f.steps_before:
+            continue
+        for mid in f.modules:
+            if last_training.get(mid, -1) > f.event.seq:
+                continue  # the layer trains (or runs in train mode) later: not a one-off estimate
+            nxt = next((e for e in mode_sets if e.seq > f.event.seq and mid in e.get("modules", ())), None)
+            if nxt is not None and nxt.kind == "eval" and not a.steps_before(nxt.seq):
+                out.setdefault(f.event.seq, set()).add(mid)
+    return out

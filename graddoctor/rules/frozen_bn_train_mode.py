@@ -10,8 +10,9 @@ class FrozenBnTrainMode(Rule):
     ## What it does
     Finds BatchNorm layers whose parameters are frozen (`requires_grad=False`) or owned by no
     optimizer, yet run in train mode during training updates. It points at the `model.train()`
-    call that put them in train mode (or at the forward call when nothing ever set their mode),
-    with the freeze as related when graddoctor saw it (`requires_grad_(False)`).
+    call that put them in train mode; when nothing ever set their mode, at the freeze that
+    graddoctor saw (the first `requires_grad_(False)` that froze them) in a loop written by
+    hand, else (or under a framework, which calls `train()` itself) at the forward call.
 
     ## Why is this bad?
     Freezing the parameters does not freeze a BatchNorm layer: in train mode every forward
@@ -120,12 +121,19 @@ class FrozenBnTrainMode(Rule):
                 loop = src.enclosing_loop(loop)
             if loop is not None:
                 edits.append(src.insert_before(loop, f"{part}.eval()  # frozen: keep its BatchNorm statistics"))
+            elif s is not None and finding.location.line == freeze_line:  # at the freeze itself
+                edits.append(src.insert_after(s, f"{part}.eval()  # frozen: keep its BatchNorm statistics"))
+        if not edits:
+            return None
         where = "after train()" if sites else "before the training loop"
         return self.edit(f"put the frozen {part} in eval mode {where}", *edits)
 
     def check(self, a):
         tl = a.modes
         groups: dict = {}
+        # a hand-written loop: eval() belongs at the freeze when nothing sets the mode; a
+        # framework calls train() itself, and the fix is its hook, at the forward it drives
+        by_hand = not a.framework
         misowned = {a.param_name(pid).rsplit(".", 1)[0]
                     for match in a.optimizers_on_copies.values() for pid in match["trained"]}
         for f in tl.forwards:
@@ -142,6 +150,10 @@ class FrozenBnTrainMode(Rule):
                 if cause is not None and not cause.get("mode"):
                     cause = None  # set to train mode by hand (m.training = True): name the forward
                 where = cause.loc if cause is not None else f.event.loc
+                if cause is None and by_hand:
+                    # nothing ever set its mode: the freeze is where eval() belongs
+                    freeze = a.event((f.states.get(mid) or {}).get("freeze"))
+                    where = freeze.loc if freeze is not None and freeze.loc is not None else where
                 group = groups.setdefault(where, {"cause": cause, "forward": f, "mids": {}})
                 group["mids"].setdefault(mid, why)
         for where, group in groups.items():
@@ -160,12 +172,19 @@ class FrozenBnTrainMode(Rule):
                 message = (f"this train() call puts {layers} in train mode: every training forward "
                            f"still updates {their} running statistics, so {them} to the statistics "
                            f"of these batches")
+            elif where != f.event.loc:
+                message = (f"this freezes {one_or_many(count, 'a BatchNorm layer', f'{count} BatchNorm layers')} "
+                           f"({tl.names(mids)}), but nothing ever sets "
+                           f"{one_or_many(count, 'it', 'them')} to eval: every training forward "
+                           f"(line {f.event.loc.line}) runs {one_or_many(count, 'it', 'them')} in train "
+                           f"mode and updates {their} running statistics, so {them} to the statistics "
+                           f"of these batches")
             else:
                 message = (f"this forward runs {layers} in train mode (nothing ever set "
                            f"{one_or_many(count, 'it', 'them')} to eval): every training forward updates "
                            f"{their} running statistics, so {them} to the statistics of these batches")
             freeze = None
-            for mid in frozen:
+            for mid in (frozen if where == f.event.loc else mids):
                 freeze = a.event((f.states.get(mid) or {}).get("freeze"))
                 if freeze is not None:
                     break
@@ -175,9 +194,12 @@ class FrozenBnTrainMode(Rule):
                     related(freeze, "the parameters are frozen here", Role.FREEZE),
                     related(f.event, "a training forward that updates their running statistics",
                             Role.TRAINING_FORWARD)
-                    if cause is not None else None,
+                    if cause is not None or where != f.event.loc else None,
                 ),
                 step=f.step_index,
+                fix=("put the frozen layers in eval mode right after freezing them (.eval() on the "
+                     "module frozen here), and again after any later train() call that covers them")
+                if where != f.event.loc and cause is None else None,
                 evidence={"layers": [tl.name(m) for m in mids], "frozen": len(frozen),
                           "without_optimizer": len(unowned)},
             )

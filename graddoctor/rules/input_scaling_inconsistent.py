@@ -36,9 +36,10 @@ def _data_base(node: ast.AST) -> str | None:
     return None
 
 
-def _scaled_base(node: ast.AST) -> str | None:
+def _scaled_base(node: ast.AST, models: frozenset | set = frozenset()) -> str | None:
     """The array of ``(u[idx] - m) / s``, ``(u - m) / (s + eps)``, ``normalize(u[idx])``,
-    ``scaler.transform(u)``; None for anything else."""
+    ``scaler.transform(u)``; None for anything else, a network built in the file included
+    (a style-transfer ``transformer(content)``: a model's output, not a standardisation)."""
     node = _strip(node)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         left = _strip(node.left)
@@ -48,7 +49,7 @@ def _scaled_base(node: ast.AST) -> str | None:
     if isinstance(node, ast.Call) and node.args:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if any(word in name.lower() for word in _SCALING_WORDS):
+        if name not in models and any(word in name.lower() for word in _SCALING_WORDS):
             return _data_base(node.args[0])
     return None
 
@@ -130,12 +131,12 @@ def inconsistent_input_scaling(tree: ast.AST) -> list[tuple[int, str, str, str, 
             if isinstance(value, ast.Name):
                 resolved, line = _resolve(nodes, value.id, n.lineno)
                 if resolved is not None:
-                    if isinstance(_strip(resolved), ast.Call) and _scaled_base(resolved) is None \
+                    if isinstance(_strip(resolved), ast.Call) and _scaled_base(resolved, models) is None \
                             and not _scaling_mentioned(resolved, models):
                         base = value.id  # data made by a call (a draw, a load): raw, by its name
                     else:
                         value, at = resolved, line
-            scaled_base = _scaled_base(value)
+            scaled_base = _scaled_base(value, models)
             if scaled_base is not None:
                 scaled.setdefault((n.func.id, _family(scaled_base)), n.lineno)
                 continue
@@ -186,7 +187,8 @@ class InputScalingInconsistent(Rule):
 
     ## Stays silent on
     Every call of the model standardising the array (or none doing so); calls on different
-    arrays; a name assigned something else (a sum with noise, another model's output); an
+    arrays; a name assigned something else (a sum with noise, another model's output, a model
+    of the file whose name reads like a scaling helper: a style-transfer `transformer(content)`); an
     array rebound to its standardised values before the call (`x_train = (x_train - mu) / sd`,
     then `model(x_train[idx])`); a model
     that standardises inside its `forward`; models not built in the file; files no backward

@@ -46,7 +46,9 @@ class PlaceholderTargetsTrained(Rule):
     ```
 
     ## Stays silent on
-    The loss taken over the filled rows only (`pred[pos]`, `pred[valid]`); `reduction="none"`
+    The loss taken over the filled rows only (`pred[pos]`, `pred[valid]`); a prediction that is
+    exactly 0 wherever the target is (a keypoint loss `mse_loss(pred * w, target * w)` with the
+    target weights of the invisible joints multiplied into both); `reduction="none"`
     (a mask can follow) and a per-element `weight`; targets whose zero rows are rare (under
     20%) or whose filled rows hold zeros too (images, one-hot rows: 0 is a value there); maps
     whose small values reach down towards 0 (dark pixels, light rain); integer counts; targets

@@ -110,6 +110,12 @@ class ViewReordersAxes(Rule):
     normalisation, pooling or upsampling after one) and a softmax or log_softmax (the loss's
     own) normalises each row of C as a distribution over classes.
 
+    And an integer one-hot encoding (`F.one_hot`'s output: 0/1, one 1 along its last axis)
+    viewed with the class axis moved: `F.one_hot(mask, C).view(N, C, H, W)` where
+    `permute(0, 3, 1, 2)` was meant, for a dice loss or a hand-written cross-entropy. It is
+    read where the script reshapes it (under grad mode, before a backward: the loss's target)
+    and reported with the parameters that backward trains.
+
     ## Why is this bad?
     `view` and `reshape` never move an element: they cut the same memory order into rows of the
     new shape. Viewing (B, T, C) as (B, C, T) does not swap time and channels; each new
@@ -206,6 +212,19 @@ class ViewReordersAxes(Rule):
                     fix=fix if call and order else
                     f"move the class axis last before flattening: scores.movedim(1, -1)"
                     f".reshape(-1, {classes}) (or give the loss the (N, C, ...) scores unflattened)")
+                continue
+            if e.get("one_hot"):
+                yield self.finding(
+                    f"{written} turns a one-hot encoding of shape {shape_in} (classes on the last "
+                    f"axis) into {shape_out}, but view/reshape moves no element: along the new "
+                    f"class axis each position no longer holds one 1 at its class, the 0s and 1s "
+                    f"of neighbouring positions are cut into it. The loss compares the scores "
+                    f"with that scrambled target, so {a.names(pids)} learn the wrong classes. "
+                    f"Nothing fails because the shapes agree",
+                    e.loc, step=a.next_step_number(e.seq),
+                    evidence={"shape_in": list(shape_in), "shape_out": list(shape_out),
+                              "order": order, "one_hot": True, "params": pids[:16]},
+                    fix=fix)
                 continue
             same = sorted(x for x in shape_in if x != 1) == sorted(x for x in shape_out if x != 1)
             how = "the same sizes in another order" if same else "its axes merged in another order"
