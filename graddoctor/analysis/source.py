@@ -74,6 +74,12 @@ class ScriptSource:
     def bound_to_underscore(self, path: str, line: int) -> bool:
         return bound_to_underscore(self.full(path), line)
 
+    def result_dropped(self, path: str, line: int) -> bool:
+        return result_dropped(self.full(path), line)
+
+    def bare_method_before(self, path: str, line: int, method: str) -> list[tuple[int, str]]:
+        return bare_method_before(self.full(path), line, method)
+
     def cut_after(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_after(self.full(path), line)
 
@@ -761,6 +767,47 @@ def bound_to_underscore(path: str, line: int) -> bool:
                 and node.targets[0].id == "_" and isinstance(node.value, ast.Call):
             return True
     return False
+
+
+def result_dropped(path: str, line: int) -> bool:
+    """Whether the statement on ``line`` is a call whose result nothing keeps: a bare call
+    statement (``model(x)``) or one bound to ``_`` alone. A forward run that way is run for
+    what it does on the way (BatchNorm statistics re-estimated, a hook's capture), not for
+    its output."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    node = _statement_at(tree, line)
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Call)
+    return bound_to_underscore(path, line)
+
+
+def bare_method_before(path: str, line: int, method: str) -> list[tuple[int, str]]:
+    """The expression statements that name ``<something>.<method>`` without calling it
+    (``model.eval``: they do nothing), above ``line`` in the innermost function holding it,
+    else in the outermost loop holding it; each as ``(line, its source text)``. Empty when the
+    source cannot be read or ``line`` is in neither."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    scope = None
+    for node in walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is None or node.lineno >= scope.lineno):
+            scope = node
+    if scope is None:
+        for node in walk(tree):
+            if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) \
+                    and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                    and (scope is None or node.lineno < scope.lineno):
+                scope = node
+    if scope is None:
+        return []
+    return sorted((node.lineno, ast.unparse(node.value)) for node in walk(scope)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == method and node.lineno < line)
 
 
 def cuts_gradient_near(path: str, line: int) -> bool | None:
