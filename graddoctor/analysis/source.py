@@ -77,6 +77,9 @@ class ScriptSource:
     def result_dropped(self, path: str, line: int) -> bool:
         return result_dropped(self.full(path), line)
 
+    def bound_beside(self, path: str, line: int, name: str) -> list[str]:
+        return bound_beside(self.full(path), line, name)
+
     def bare_method_before(self, path: str, line: int, method: str) -> list[tuple[int, str]]:
         return bare_method_before(self.full(path), line, method)
 
@@ -781,6 +784,32 @@ def result_dropped(path: str, line: int) -> bool:
     if isinstance(node, ast.Expr):
         return isinstance(node.value, ast.Call)
     return bound_to_underscore(path, line)
+
+
+def bound_beside(path: str, line: int, name: str) -> list[str]:
+    """The other names bound by the latest assignment above ``line`` (in the innermost function
+    holding it, else the file) that binds ``name`` as one item of a tuple (``val_loss, val_acc
+    = evaluate()``): the values the script had at hand beside ``name``. Empty when the source
+    cannot be read or no such assignment is found."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    scope = tree
+    for node in walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    best = None
+    for node in walk(scope):
+        if not isinstance(node, ast.Assign) or node.lineno >= line:
+            continue
+        for target in node.targets:
+            if isinstance(target, (ast.Tuple, ast.List)):
+                names = [e.id for e in target.elts if isinstance(e, ast.Name)]
+                if name in names and (best is None or node.lineno > best[0]):
+                    best = (node.lineno, [n for n in names if n != name and n != "_"])
+    return best[1] if best is not None else []
 
 
 def bare_method_before(path: str, line: int, method: str) -> list[tuple[int, str]]:
