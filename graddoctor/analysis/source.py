@@ -80,6 +80,9 @@ class ScriptSource:
     def bound_beside(self, path: str, line: int, name: str) -> list[str]:
         return bound_beside(self.full(path), line, name)
 
+    def split_slices(self, path: str) -> list[tuple[int, str, str, str, str]]:
+        return split_slices(self.full(path))
+
     def bare_method_before(self, path: str, line: int, method: str) -> list[tuple[int, str]]:
         return bare_method_before(self.full(path), line, method)
 
@@ -810,6 +813,52 @@ def bound_beside(path: str, line: int, name: str) -> list[str]:
                 if name in names and (best is None or node.lineno > best[0]):
                     best = (node.lineno, [n for n in names if n != name and n != "_"])
     return best[1] if best is not None else []
+
+
+def split_slices(path: str) -> list[tuple[int, str, str, str, str]]:
+    """``(line, name, slice text, other name, its slice text)`` for each name bound to a slice
+    of a sequence with constant bounds (``val_idx = perm[192:]``) whose rows overlap another
+    slice of the same sequence bound to another name anywhere in the file (``train_idx =
+    perm[:256]``): two parts of one split that share rows. The line is the later binding's."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    bound = []  # (line, name, sequence text, start, stop, slice text)
+    for node in walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        pairs = []
+        if isinstance(target, ast.Name):
+            pairs = [(target, value)]
+        elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                and len(target.elts) == len(value.elts):
+            pairs = list(zip(target.elts, value.elts))
+        for name, part in pairs:
+            if not (isinstance(name, ast.Name) and isinstance(part, ast.Subscript)
+                    and isinstance(part.slice, ast.Slice) and part.slice.step is None):
+                continue
+            ends = []
+            for end in (part.slice.lower, part.slice.upper):
+                if end is None:
+                    ends.append(None)
+                elif isinstance(end, ast.Constant) and type(end.value) is int and end.value >= 0:
+                    ends.append(end.value)
+                else:
+                    ends = None
+                    break
+            if ends is None:
+                continue
+            bound.append((node.lineno, name.id, ast.unparse(part.value), ends[0] or 0, ends[1],
+                          ast.unparse(part)))
+    found = []
+    for i, (line, name, seq, start, stop, text) in enumerate(bound):
+        for other_line, other, other_seq, other_start, other_stop, other_text in bound[:i]:
+            if other == name or other_seq != seq:
+                continue
+            if (stop is None or other_start < stop) and (other_stop is None or start < other_stop):
+                found.append((max(line, other_line), name, text, other, other_text))
+    return sorted(set(found))
 
 
 def bare_method_before(path: str, line: int, method: str) -> list[tuple[int, str]]:
