@@ -277,3 +277,18 @@ def test_split_slices_find_two_slices_of_one_sequence_that_overlap(tmp_path):
     assert split_slices(str(path)) == [(2, "val_idx", "perm[60:]", "train_idx", "perm[:80]")]
     path.write_text("train_idx = perm[:n]\nval_idx = perm[n - 10:]\n")  # not constant: not read
     assert split_slices(str(path)) == []
+
+
+def test_the_inputs_and_labels_split_alike_point_at_the_first_slice(tmp_path):
+    from graddoctor.rules.trains_on_evaluation_data import _overlapping_split
+
+    path = tmp_path / "train.py"
+    path.write_text("X_train, X_valid = X[:1600], X[1400:]\nY_train, Y_valid = Y[:1600], Y[1400:]\n")
+
+    class _A:
+        from graddoctor.analysis.source import ScriptSource
+        source = ScriptSource()
+
+    assert _overlapping_split(_A(), str(path)) == (1, "X_valid", "X[1400:]", "X_train", "X[:1600]")
+    path.write_text("X_train, X_valid = X[:1600], X[1400:]\nY_train, Y_valid = Y[:1500], Y[1300:]\n")
+    assert _overlapping_split(_A(), str(path)) is None  # sliced at other bounds: which one is meant?

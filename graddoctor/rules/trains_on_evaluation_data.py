@@ -372,13 +372,16 @@ class TrainsOnEvaluationData(Rule):
 
 
 def _overlapping_split(a, path):
-    """``(line, held-out name, its slice, training name, its slice)``: the one pair of slices of
-    one sequence, a held-out name's and a training name's, whose rows overlap
-    (``train_idx, val_idx = perm[:256], perm[192:]``); None when there is not exactly one."""
+    """``(line, held-out name, its slice, training name, its slice)``: the first pair of slices
+    of one sequence, a held-out name's and a training name's, whose rows overlap
+    (``train_idx, val_idx = perm[:256], perm[192:]``; the inputs' split where the labels are
+    sliced alike below it); None when there is none or the pairs slice at different bounds."""
     pairs = []
     for line, name, text, other, other_text in a.source.split_slices(path):
         if _held_out(name) and _training(other):
             pairs.append((line, name, text, other, other_text))
         elif _held_out(other) and _training(name):
             pairs.append((line, other, other_text, name, text))
-    return pairs[0] if len(pairs) == 1 else None
+    if not pairs or len({(p[2].split("[", 1)[-1], p[4].split("[", 1)[-1]) for p in pairs}) != 1:
+        return None
+    return min(pairs)
