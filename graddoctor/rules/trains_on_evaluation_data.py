@@ -156,7 +156,8 @@ class TrainsOnEvaluationData(Rule):
     (`y[train_mask]` for a training accuracy). For shared rows: k-fold cross-validation (each
     fold's validation rows are disjoint from that fold's training rows), a validation set of
     the same dataset with disjoint indices, a pass over the training rows named for training
-    (`train_eval_loader`, also over a copy of those rows); rows of a few values (a table of
+    (`train_eval_loader`, also over a copy of those rows), or whose every row is a copy of a
+    training row (a few training images evaluated one at a time); rows of a few values (a table of
     categories, blank images), where equal rows need not be the same sample, and fewer than 3
     copied rows or 5% of the smaller set.
     """
@@ -231,6 +232,9 @@ class TrainsOnEvaluationData(Rule):
                 if made is None or made.loc is None:
                     continue
                 total = rows[loader].get("rows") if loader in rows else None
+                if frozenset((loader, training)) in copies and (not total or count >= total):
+                    continue  # every sample a copy of a training row: a pass over (part of)
+                    # the training data on purpose, no split gone wrong
                 of = f" of the {total}" if total else ""
                 how = ("copies of rows the training loader serves (the same input values in "
                        "both datasets: the split's index sets overlap)"
