@@ -837,10 +837,12 @@ loader_rows        loader, base (the number of the dataset its samples come from
                    ``Subset``s and a ``SubsetRandomSampler``), rows (how many of its rows the
                    loader can serve), shared ([[loader, rows]]: earlier loaders over the same
                    base and how many rows they share with this one), made ([path, line] of the
-                   DataLoader's construction, or None) — once per DataLoader, at its first
+                   DataLoader's construction, or None), copied ([[loader, rows]]: earlier
+                   loaders over another dataset whose input rows hold the same values as this
+                   one's: copies of the same samples) — once per DataLoader, at its first
                    ``iter()``, when it serves part of its base or shares rows with an earlier
                    loader that serves part of it (two loaders over a whole dataset share none:
-                   no split was made) (loc: the line that made its subset: the ``Subset``,
+                   no split was made), or has copied rows (loc: the line that made its subset: the ``Subset``,
                    ``random_split`` or sampler, else the loader; an aside;
                    instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
@@ -2782,9 +2784,10 @@ def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: in
                             "samples": samples, "field": field, "sliced": sliced}
 
 
-def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None) -> Made:
+def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None,
+                copied: list | None = None) -> Made:
     return "loader_rows", {"loader": loader, "base": base, "rows": rows, "shared": shared,
-                           "made": made}
+                           "made": made, "copied": copied or []}
 
 
 def run_end(*, status: str, steps: int) -> Made:

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 from graddoctor import events as ev
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.augalign import _row_sources
+from graddoctor.instrument.augalign import _length_sources, _matched, _row_sources
 from rule_traces import builder, findings, only
 
 SLUG = "collate-reorders-fields"
@@ -138,3 +138,80 @@ def test_token_lists_are_matched_and_the_unsorted_field_line_is_named():
 def test_row_sources_match_lists_of_numbers():
     assert _row_sources(pad_sequence([torch.tensor([3, 4, 5]), torch.tensor([1, 2])], batch_first=True),
                         [[1, 2], [3, 4, 5]]) == [{1}, {0}]
+
+
+class _Sentences(Dataset):
+    """Samples as a text dataset holds them: a list of words and a label; the collate encodes."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(2)
+        self.rows = [(["w%d" % int(v) for v in torch.randint(0, 9, (int(n),), generator=g)], i % 3)
+                     for i, n in enumerate(torch.randint(2, 14, (16,), generator=g))]
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def _word_events(collate) -> list:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for _ in DataLoader(_Sentences(), batch_size=8, collate_fn=collate):
+            pass
+    assert not rec.trace.of_kind("internal_error")
+    return [(dict(e.data), e.loc.line) for e in rec.trace.of_kind("collate_reordered")]
+
+
+def _encode(words):
+    return torch.tensor([1 + int(w[1:]) for w in words])
+
+
+def _words_sorted_labels_not(batch):
+    seqs = sorted([_encode(w) for w, _ in batch], key=len, reverse=True)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return pad_sequence(seqs, batch_first=True), lengths, torch.tensor([y for _, y in batch])
+
+
+def _words_pairs_sorted(batch):
+    batch = sorted(batch, key=lambda b: len(b[0]), reverse=True)
+    seqs = [_encode(w) for w, _ in batch]
+    return pad_sequence(seqs, batch_first=True), torch.tensor([len(s) for s in seqs]), \
+        torch.tensor([y for _, y in batch])
+
+
+def _words_with_bos_kept(batch):
+    seqs = [torch.cat([torch.tensor([99]), _encode(w)]) for w, _ in batch]
+    return pad_sequence(seqs, batch_first=True), torch.tensor([y for _, y in batch])
+
+
+def _words_with_bos_sorted(batch):
+    seqs = sorted([torch.cat([torch.tensor([99]), _encode(w)]) for w, _ in batch], key=len)
+    return pad_sequence(seqs, batch_first=True), torch.tensor([y for _, y in batch])
+
+
+def test_words_encoded_in_the_collate_are_matched_by_their_lengths():
+    (found, line), = _word_events(_words_sorted_labels_not)
+    assert found["kept"] == 2 and found["moved"] in (0, 1) and found["displaced"] > 0
+    assert line == _words_sorted_labels_not.__code__.co_firstlineno + 1  # the sort
+    assert _word_events(_words_pairs_sorted) == []
+    assert _word_events(_words_with_bos_kept) == []
+    assert len(_word_events(_words_with_bos_sorted)) == 1  # a token added to each row: offset 1
+
+
+def test_length_sources_need_the_lengths_one_for_one():
+    words = [["a", "b"], ["c", "d", "e"], ["f"]]
+    padded = pad_sequence([torch.tensor([4, 5, 6]), torch.tensor([1]), torch.tensor([2, 3])], batch_first=True)
+    assert _length_sources(padded, words) == [{1}, {2}, {0}]
+    assert _length_sources(torch.tensor([1, 3, 2]), words) == [{2}, {1}, {0}]
+    assert _length_sources(torch.tensor([1, 3, 3]), words) is None  # not the samples' lengths
+    assert _length_sources(padded.float(), words) is None  # not a field of token ids
+    assert _length_sources(padded, [[1, 2], [3, 4, 5], [6]]) is None  # numbers: matched by value
+    assert _length_sources(torch.tensor([2, 2]), [["a", "b"], ["c", "d"]]) is None  # all as long
+    assert _length_sources(torch.tensor([2, 1]), ["a b", "c"]) == [{0}, {1}]  # a sentence's words
+
+
+def test_matched_finds_one_order_that_fits_every_row():
+    assert _matched([{0, 1}, {0}, {2}])
+    assert not _matched([{0}, {0}, {1, 2}])

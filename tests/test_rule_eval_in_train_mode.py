@@ -251,3 +251,47 @@ def test_no_grad_pass_in_train_mode_before_training_still_reported(later):
     later(t)
     end(t)
     assert 3 in lines(check(EvalInTrainMode, t))
+
+
+def _validation_after_update(path):
+    from graddoctor.trace import TraceBuilder
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0])
+    mode_set(t, True, [0], line=1)
+    bn(t, 0)
+    fwd(t, [0], line=2)
+    update(t, line=3)
+    fwd(t, [0], line=8, grad=False, calls=3)
+    end(t, "step-limit")
+    return t
+
+
+def test_a_bare_eval_above_the_no_grad_pass_is_the_line_reported(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n"
+                    "def evaluate(loader):\n    model.eval\n    with torch.no_grad():\n"
+                    "        for x, y in loader: acc = model(x).argmax(1)\n")
+    (finding,) = check(EvalInTrainMode, _validation_after_update(path))
+    assert finding.location.line == 6 and finding.fix == "call it: model.eval()"
+    assert "names the method without calling it" in finding.message
+    assert 8 in [r.location.line for r in finding.related]
+
+
+def test_a_bare_eval_in_another_function_is_not_the_line_reported(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n"
+                    "def unused():\n    model.eval\ndef evaluate(loader):\n"
+                    "    for x, y in loader: acc = model(x).argmax(1)\n")
+    (finding,) = check(EvalInTrainMode, _validation_after_update(path))
+    assert finding.location.line == 8 and finding.fix == EvalInTrainMode.fix
+
+
+@pytest.mark.parametrize("statement", ["model(x)", "_ = model(x)"])
+def test_a_no_grad_pass_whose_result_nothing_keeps_re_estimates_statistics(tmp_path, statement):
+    path = tmp_path / "train.py"
+    path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n\n\n"
+                    f"with torch.no_grad():\n    {statement}\n")
+    assert check(EvalInTrainMode, _validation_after_update(path)) == []
+    path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n\n\n"
+                    "with torch.no_grad():\n    out = model(x)\n")  # kept: a validation pass
+    assert lines(check(EvalInTrainMode, _validation_after_update(path))) == [8]

@@ -69,3 +69,33 @@ def test_a_metric_that_only_worsened_is_still_info(tmp_path):
     assert only(run(tmp_path, "val_loss", "max", [1.0, 1.1], [0.1, 0.1]), SLUG).severity is Severity.INFO
     # a change within noise is no new best
     assert only(run(tmp_path, "val_loss", "max", [1.0, 0.99999], [0.1, 0.1]), SLUG).severity is Severity.INFO
+
+
+def _run_beside(tmp_path, construction: str, bound: str):
+    path = tmp_path / "train.py"
+    path.write_text("\n" * 4 + construction + "\n" + "\n" * 12 + bound + "\n\n"
+                    + "plateau.step(val_f1)\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1)
+    sched_init(t, cls="ReduceLROnPlateau", lrs=(0.1,), line=5)
+    for value, lr in zip([0.5, 0.6, 0.7], [0.1, 0.05, 0.025]):
+        for _ in range(3):
+            update(t, lr=lr)
+        t.put(ev.scheduler_step(sched=0, cls="ReduceLROnPlateau", opt=0, lrs=[lr], metric="number",
+                                value=value, mode="min"), 20)
+    return t
+
+
+def test_a_mode_written_out_and_its_metric_bound_beside_point_at_the_step(tmp_path):
+    t = _run_beside(tmp_path, 'plateau = ReduceLROnPlateau(optimizer, mode="min")',
+                    "val_loss, val_f1 = evaluate()")
+    f = only(t, SLUG)
+    assert f.location.line == 20 and f.fix == "feed the metric the mode was written for: plateau.step(val_loss)"
+    assert [r.location.line for r in f.related] == [5] and "`val_loss`" in f.message
+
+
+def test_the_default_mode_or_no_metric_beside_keep_the_construction(tmp_path):
+    t = _run_beside(tmp_path, "plateau = ReduceLROnPlateau(optimizer)", "val_loss, val_f1 = evaluate()")
+    assert only(t, SLUG).location.line == 5  # the mode was never chosen: change it
+    t = _run_beside(tmp_path, 'plateau = ReduceLROnPlateau(optimizer, mode="min")', "n, val_f1 = evaluate()")
+    assert only(t, SLUG).location.line == 5

@@ -237,3 +237,58 @@ def test_each_loader_s_rows_of_its_base_and_those_it_shares():
 
     [part] = _loader_rows(whole_and_part)  # the whole dataset, first, shares nothing yet
     assert part["rows"] == 3 and part["shared"] == [[0, 3]]
+
+
+def test_copied_rows_in_two_datasets_are_found_by_their_values():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    table = torch.randn(60, 5)
+    labels = torch.randint(0, 2, (60,))
+
+    def overlapping():
+        return (DataLoader(TensorDataset(table[:40], labels[:40])),
+                DataLoader(TensorDataset(table[30:], labels[30:])))
+
+    [second] = _loader_rows(overlapping)  # the first, a whole dataset that copies nothing yet, says nothing
+    assert second["copied"] == [[0, 10]] and second["shared"] == []
+
+    def disjoint():
+        return (DataLoader(TensorDataset(table[:40], labels[:40])),
+                DataLoader(TensorDataset(table[40:], labels[40:])))
+
+    assert _loader_rows(disjoint) == []
+
+    categories = torch.randint(0, 2, (60, 3)).float()  # few values: equal rows are not copies
+
+    def categorical():
+        return (DataLoader(TensorDataset(categories[:40])), DataLoader(TensorDataset(categories[30:])))
+
+    assert _loader_rows(categorical) == []
+
+
+def test_split_slices_find_two_slices_of_one_sequence_that_overlap(tmp_path):
+    from graddoctor.analysis.source import split_slices
+
+    path = tmp_path / "train.py"
+    path.write_text("perm = torch.randperm(100)\ntrain_idx, val_idx = perm[:80], perm[60:]\n"
+                    "x_train = X[:50]\nx_test = X[50:]\n")
+    assert split_slices(str(path)) == [(2, "val_idx", "perm[60:]", "train_idx", "perm[:80]")]
+    path.write_text("train_idx = perm[:n]\nval_idx = perm[n - 10:]\n")  # not constant: not read
+    assert split_slices(str(path)) == []
+
+
+def test_the_inputs_and_labels_split_alike_point_at_the_first_slice(tmp_path):
+    from graddoctor.rules.trains_on_evaluation_data import _overlapping_split
+
+    path = tmp_path / "train.py"
+    path.write_text("X_train, X_valid = X[:1600], X[1400:]\nY_train, Y_valid = Y[:1600], Y[1400:]\n")
+
+    class _A:
+        from graddoctor.analysis.source import ScriptSource
+        source = ScriptSource()
+
+    assert _overlapping_split(_A(), str(path)) == (1, "X_valid", "X[1400:]", "X_train", "X[:1600]")
+    path.write_text("X_train, X_valid = X[:1600], X[1400:]\nY_train, Y_valid = Y[:1500], Y[1300:]\n")
+    assert _overlapping_split(_A(), str(path)) is None  # sliced at other bounds: which one is meant?

@@ -74,6 +74,18 @@ class ScriptSource:
     def bound_to_underscore(self, path: str, line: int) -> bool:
         return bound_to_underscore(self.full(path), line)
 
+    def result_dropped(self, path: str, line: int) -> bool:
+        return result_dropped(self.full(path), line)
+
+    def bound_beside(self, path: str, line: int, name: str) -> list[str]:
+        return bound_beside(self.full(path), line, name)
+
+    def split_slices(self, path: str) -> list[tuple[int, str, str, str, str]]:
+        return split_slices(self.full(path))
+
+    def bare_method_before(self, path: str, line: int, method: str) -> list[tuple[int, str]]:
+        return bare_method_before(self.full(path), line, method)
+
     def cut_after(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_after(self.full(path), line)
 
@@ -764,6 +776,119 @@ def bound_to_underscore(path: str, line: int) -> bool:
                 and node.targets[0].id == "_" and isinstance(node.value, ast.Call):
             return True
     return False
+
+
+def result_dropped(path: str, line: int) -> bool:
+    """Whether the statement on ``line`` is a call whose result nothing keeps: a bare call
+    statement (``model(x)``) or one bound to ``_`` alone. A forward run that way is run for
+    what it does on the way (BatchNorm statistics re-estimated, a hook's capture), not for
+    its output."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    node = _statement_at(tree, line)
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Call)
+    return bound_to_underscore(path, line)
+
+
+def bound_beside(path: str, line: int, name: str) -> list[str]:
+    """The other names bound by the latest assignment above ``line`` (in the innermost function
+    holding it, else the file) that binds ``name`` as one item of a tuple (``val_loss, val_acc
+    = evaluate()``): the values the script had at hand beside ``name``. Empty when the source
+    cannot be read or no such assignment is found."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    scope = tree
+    for node in walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    best = None
+    for node in walk(scope):
+        if not isinstance(node, ast.Assign) or node.lineno >= line:
+            continue
+        for target in node.targets:
+            if isinstance(target, (ast.Tuple, ast.List)):
+                names = [e.id for e in target.elts if isinstance(e, ast.Name)]
+                if name in names and (best is None or node.lineno > best[0]):
+                    best = (node.lineno, [n for n in names if n != name and n != "_"])
+    return best[1] if best is not None else []
+
+
+def split_slices(path: str) -> list[tuple[int, str, str, str, str]]:
+    """``(line, name, slice text, other name, its slice text)`` for each name bound to a slice
+    of a sequence with constant bounds (``val_idx = perm[192:]``) whose rows overlap another
+    slice of the same sequence bound to another name anywhere in the file (``train_idx =
+    perm[:256]``): two parts of one split that share rows. The line is the later binding's."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    bound = []  # (line, name, sequence text, start, stop, slice text)
+    for node in walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        pairs = []
+        if isinstance(target, ast.Name):
+            pairs = [(target, value)]
+        elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                and len(target.elts) == len(value.elts):
+            pairs = list(zip(target.elts, value.elts))
+        for name, part in pairs:
+            if not (isinstance(name, ast.Name) and isinstance(part, ast.Subscript)
+                    and isinstance(part.slice, ast.Slice) and part.slice.step is None):
+                continue
+            ends = []
+            for end in (part.slice.lower, part.slice.upper):
+                if end is None:
+                    ends.append(None)
+                elif isinstance(end, ast.Constant) and type(end.value) is int and end.value >= 0:
+                    ends.append(end.value)
+                else:
+                    ends = None
+                    break
+            if ends is None:
+                continue
+            bound.append((node.lineno, name.id, ast.unparse(part.value), ends[0] or 0, ends[1],
+                          ast.unparse(part)))
+    found = []
+    for i, (line, name, seq, start, stop, text) in enumerate(bound):
+        for other_line, other, other_seq, other_start, other_stop, other_text in bound[:i]:
+            if other == name or other_seq != seq:
+                continue
+            if (stop is None or other_start < stop) and (other_stop is None or start < other_stop):
+                found.append((max(line, other_line), name, text, other, other_text))
+    return sorted(set(found))
+
+
+def bare_method_before(path: str, line: int, method: str) -> list[tuple[int, str]]:
+    """The expression statements that name ``<something>.<method>`` without calling it
+    (``model.eval``: they do nothing), above ``line`` in the innermost function holding it,
+    else in the outermost loop holding it; each as ``(line, its source text)``. Empty when the
+    source cannot be read or ``line`` is in neither."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    scope = None
+    for node in walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is None or node.lineno >= scope.lineno):
+            scope = node
+    if scope is None:
+        for node in walk(tree):
+            if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) \
+                    and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                    and (scope is None or node.lineno < scope.lineno):
+                scope = node
+    if scope is None:
+        return []
+    return sorted((node.lineno, ast.unparse(node.value)) for node in walk(scope)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == method and node.lineno < line)
 
 
 def cuts_gradient_near(path: str, line: int) -> bool | None:

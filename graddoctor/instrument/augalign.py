@@ -34,9 +34,12 @@ holds made-up pixels is told once per dataset (``label_map_averaged`` at the res
 The wrapped ``collate_fn`` also shows the batch it returns (collate-reorders-fields): for a
 collate of the script's, at the first ``_COLLATE_FETCHES`` fetches of a dataset, each row of each
 batch tensor (a ``PackedSequence`` unpacked) is matched to the samples whose value it holds
-(equal, a padded prefix along the first axis, the number); a field whose rows each name one
-sample gives an order, and another field whose rows do not follow it is told once per collate
-function (``collate_reordered``) that does not also return the permutation it applied (a
+(equal, a padded prefix along the first axis, the number; a sample's words or sentence that
+the collate encodes, by the row's length without its padding or the length a field of lengths
+holds); a field whose rows each name one sample gives an order, and another field whose rows do
+not follow it (or, where no field names its samples one by one, a field out of the samples'
+order that no one order of the samples fits together with a field in their order) is told once
+per collate function (``collate_reordered``) that does not also return the permutation it applied (a
 1-D integer field holding each row number once, which the model uses to undo the sort: the
 rows are then matched on purpose), at the collate's line that sorts or permutes (read from its
 source; the line that applies an order kept in a name), else its first line.
@@ -417,6 +420,12 @@ class AugmentAlignWatcher:
                 if allowed is not None:
                     orders.append((key, k, allowed))
                     break
+            else:  # no field's values: a field of words the collate encodes, by its lengths
+                for k in range(min(width, _COLLATE_FIELDS)):
+                    allowed = _length_sources(value, [s[k] for s in samples])
+                    if allowed is not None:
+                        orders.append((key, k, allowed))
+                        break
         unique = [(key, k, [next(iter(a)) for a in allowed]) for key, k, allowed in orders
                   if all(len(a) == 1 for a in allowed) and len({next(iter(a)) for a in allowed}) == rows]
         carried = _orders_returned(fields, rows)
@@ -440,6 +449,28 @@ class AugmentAlignWatcher:
                 self.rec.emit_aside(ev.collate_reordered(
                     collate=code.co_name, moved=_key(moved), kept=_key(kept), rows=rows,
                     displaced=sum(1 for r in range(rows) if perm[r] not in allowed[r])), loc)
+                return
+        # no field names its samples one by one (words encoded in the collate, matched by their
+        # lengths; labels of a few classes): a field out of the samples' order is told when no
+        # one order of the samples fits it and a field that is in their order
+        for key, k, allowed in orders:
+            if all(r in allowed[r] for r in range(rows)):
+                continue
+            for other, j, kept_allowed in orders:
+                if other == key or j == k or not all(r in kept_allowed[r] for r in range(rows)):
+                    continue
+                if _matched([allowed[r] & kept_allowed[r] for r in range(rows)]) \
+                        or any(all(p[r] in allowed[r] for r in range(rows))
+                               for order in carried for p in (order, _inverse(order))):
+                    continue  # one order fits both, or the batch hands its reordering on
+                self._told_collates.add(code)
+                line = _unsorted_field_line(collate, other) or _reordering_line(collate) \
+                    or code.co_firstlineno
+                loc = Location(path=self.rec.finder.display_path(code.co_filename), line=line,
+                               function=code.co_name)
+                self.rec.emit_aside(ev.collate_reordered(
+                    collate=code.co_name, moved=_key(key), kept=_key(other), rows=rows,
+                    displaced=sum(1 for r in range(rows) if r not in allowed[r])), loc)
                 return
 
     # -- at the collate: the samples ----------------------------------------------------------
@@ -564,6 +595,79 @@ def _row_sources(batch, values) -> list | None:
     if len(set().union(*allowed)) != len(values):
         return None
     return allowed
+
+
+_LENGTH_OFFSETS = (0, 1, 2)  # tokens a collate adds to each sequence (a BOS, an EOS)
+
+
+def _words(value) -> list[int] | None:
+    """The lengths a sample's field of words can have once encoded: a list or tuple of strings
+    (its length), a string (its words, its characters); None for anything else."""
+    if isinstance(value, str):
+        return [len(value.split()), len(value)]
+    if isinstance(value, (list, tuple)) and 0 < len(value) <= _LIST_ITEMS \
+            and all(isinstance(v, str) for v in value):
+        return [len(value)]
+    return None
+
+
+def _row_lengths(batch) -> list[list[int]]:
+    """The lengths a batch field's rows give its sequences: each row's number (a 1-D integer
+    field of lengths), or the row with its padding cut (a 2-D integer field padded on the
+    right, or on the left, with the value most of its rows end, or start, with)."""
+    if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
+        return []
+    if batch.dim() == 1:
+        return [[int(v) for v in batch.tolist()]]
+    if batch.dim() != 2 or int(batch.shape[1]) == 0:
+        return []
+    found = []
+    width = int(batch.shape[1])
+    for end, positions in ((-1, torch.arange(1, width + 1)), (0, torch.arange(width, 0, -1))):
+        values, counts = torch.unique(batch[:, end], return_counts=True)
+        if int(counts.max()) * 2 < int(batch.shape[0]):
+            continue
+        keep = (batch != values[int(counts.argmax())]).int()
+        # the farthest position from the padded end that is not padding
+        found.append([int(v) for v in (keep * positions.expand_as(keep)).max(dim=1).values.tolist()])
+    return found
+
+
+def _length_sources(batch, values) -> list | None:
+    """For each row of ``batch``, the samples whose field of words (strings the collate encodes)
+    is as long as the row's sequence (or number); None unless the rows' lengths are the
+    samples' lengths, one for one (give or take the tokens the collate adds to every row)."""
+    lengths = [_words(v) for v in values]
+    if any(n is None for n in lengths):
+        return None
+    for rows in _row_lengths(batch):
+        for variant in range(len(lengths[0])):
+            sample = [n[variant] for n in lengths]
+            for offset in _LENGTH_OFFSETS:
+                if sorted(r - offset for r in rows) != sorted(sample):
+                    continue
+                if len(set(sample)) < 2:
+                    return None  # every sequence as long: nothing tells them apart
+                return [{s for s, n in enumerate(sample) if n == r - offset} for r in rows]
+    return None
+
+
+def _matched(allowed: list[set]) -> bool:
+    """Whether some order of the samples gives each row one of the samples it allows, each
+    sample to one row (a perfect matching, by augmenting paths)."""
+    owner: dict[int, int] = {}
+
+    def place(r, seen) -> bool:
+        for s in allowed[r]:
+            if s in seen:
+                continue
+            seen.add(s)
+            if s not in owner or place(owner[s], seen):
+                owner[s] = r
+                return True
+        return False
+
+    return all(place(r, set()) for r in range(len(allowed)))
 
 
 _REORDERS = ("sorted(", ".sort(", "argsort(", "randperm(", "shuffle(", "reversed(", "[::-1]",

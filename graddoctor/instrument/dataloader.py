@@ -42,6 +42,10 @@ part of its base, or shares rows with an earlier loader over the same base that 
 of it, gets a ``loader_rows`` event with the rows it shares with each such loader (two loaders
 over the whole of one dataset share nothing here: no split was made) (a train and a validation
 set that overlap: trains-on-evaluation-data); at most ``ROWS_KEPT`` indices are kept per loader.
+Loaders over different datasets are compared by value: the rows of each one's input tensor (a
+``TensorDataset``'s, or a tensor attribute of the script's own dataset, one row per sample, of
+many distinct values; up to ``PRINT_ROWS`` rows) are hashed once, at its first ``iter()``, and
+rows found in an earlier loader's dataset are ``copied`` rows (a split whose index sets overlap).
 
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
@@ -86,6 +90,9 @@ _ZIP_CHECKS = 8  # sets of loaders read together that are compared, at most
 LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
 ROWS_KEPT = 1 << 20  # indices of its base kept per loader (loader_rows), at most
+PRINT_ROWS = 1 << 16  # input rows of a dataset hashed to find copies in another, at most
+PRINT_ELEMENTS = 1 << 24  # ... and their elements, at most
+_COPIED_ROWS, _COPIED_SHARE = 3, 0.05  # copied rows that count: at least 3 and 5% of the smaller
 
 
 class DataLoaderWatcher:
@@ -135,6 +142,8 @@ class DataLoaderWatcher:
         # base's indices, or None for all of them), for loader_rows
         self._dataset_id = Identities()
         self._rows: dict[int, tuple] = {}
+        # the input rows' values each loader serves, hashed: number -> (base, frozenset)
+        self._prints: dict[int, tuple] = {}
         # Subset or SubsetRandomSampler -> the line that made it
         self._subset_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -359,13 +368,22 @@ class DataLoaderWatcher:
             if count:
                 shared.append([other, count])
         self._rows[number] = (base, mine)
-        if mine is None and not shared:
+        copied = []
+        prints = _row_prints(dataset, indices)
+        if prints is not None:
+            for other, (other_base, theirs) in self._prints.items():
+                count = len(prints & theirs) if other_base != base else 0
+                if count >= max(_COPIED_ROWS, _COPIED_SHARE * min(len(prints), len(theirs))):
+                    copied.append([other, count])
+            self._prints[number] = (base, prints)
+        if mine is None and not shared and not copied:
             return
         made = self._loader_locs.get(loader)
         self.rec.emit_aside(ev.loader_rows(loader=number, base=base,
                                            rows=length if mine is None else len(mine),
                                            shared=shared,
-                                           made=[made.path, made.line] if made is not None else None),
+                                           made=[made.path, made.line] if made is not None else None,
+                                           copied=copied),
                             site or made or here)
 
     def _wrap_init_site(self, original, sites: weakref.WeakKeyDictionary, where: str):
@@ -715,3 +733,37 @@ def _classes(dataset) -> int | None:
         return int(torch.unique(targets).numel())
     except Exception:
         return None
+
+
+def _row_prints(dataset, indices) -> frozenset | None:
+    """Hashes of the input rows the loader serves (its dataset's first floating tensor of one
+    row per sample: a ``TensorDataset``'s, or a tensor attribute of the script's own
+    dataset), rows repeated within it left out; None when there is no such tensor, it is too
+    large, or its values are too few to tell samples apart (a table of categories)."""
+    data = torch.utils.data
+    try:
+        length = len(dataset)
+    except Exception:
+        return None
+    if isinstance(dataset, data.TensorDataset):
+        candidates = list(dataset.tensors)
+    else:
+        candidates = [v for v in list(getattr(dataset, "__dict__", {}).values())[:16]
+                      if isinstance(v, torch.Tensor)]
+    table = next((t for t in candidates if t.is_floating_point() and t.dim() >= 2
+                  and int(t.shape[0]) == length and t.device.type == "cpu"), None)
+    if table is None or not 3 <= length <= PRINT_ROWS or table.numel() > PRINT_ELEMENTS \
+            or table.numel() // length < 2:
+        return None
+    rows = table.detach()
+    if indices is not None:
+        rows = rows[[i for i in indices if 0 <= i < length]]
+    rows = rows.reshape(int(rows.shape[0]), -1).contiguous()
+    if int(torch.unique(rows[:64]).numel()) < min(rows.numel() // 2, 256, int(rows[:64].numel()) // 2):
+        return None  # few distinct values: equal rows need not be the same sample
+    counts: dict[int, int] = {}
+    array = rows.numpy()
+    for row in array:
+        key = hash(row.tobytes())
+        counts[key] = counts.get(key, 0) + 1
+    return frozenset(k for k, c in counts.items() if c == 1)

@@ -12,9 +12,11 @@ class CollateReordersFields(Rule):
     `pack_padded_sequence` and the labels left in the order they came, a list reversed or
     shuffled for one field only. Read from the DataLoader's first batched fetches (in-process,
     CPU): each row of each batch tensor is matched to the sample it holds (equal, a padded
-    prefix, or the number), and two fields whose rows come from different samples are
-    reported at the collate's line that reorders (a `sorted`, `.sort`, `argsort`, a
-    permutation), else at its first line.
+    prefix, or the number; a sample's words or sentence that the collate encodes, by the
+    length of the row's sequence without its padding, or the length a field of lengths
+    holds), and two fields whose rows come from different samples (no one order of the
+    samples fits both) are reported at the collate's line that reorders (a `sorted`, `.sort`,
+    `argsort`, a permutation), else at its first line.
 
     ## Why is this bad?
     The rows of a batch pair up by position: row i of the inputs with row i of the labels.
@@ -45,7 +47,8 @@ class CollateReordersFields(Rule):
     lengths.sort(descending=True)` returned beside the labels in their own order), which the
     model uses to put its outputs back in the batch's order; fields that are not one row per sample (lengths, masks computed from the batch:
     they match no sample's value); fields whose rows cannot be told apart (a batch of equal
-    sequences). Not seen: collates in worker processes (`num_workers > 0`), samples that are not
+    sequences); sentences sorted apart from labels when the sorted lengths still fit the labels
+    in some order (a batch whose rows cannot be told apart by length and label). Not seen: collates in worker processes (`num_workers > 0`), samples that are not
     tuples, lists or dicts, values that are not tensors or numbers (strings), batches over 64.
     """
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ..findings import Role, Safety, Severity
 from .base import Rule, one_or_many, related
-from .source import method_calls, receiver, related_line
+from .source import call_bare_method, method_calls, receiver, related_line
 
 
 class EvalInTrainMode(Rule):
@@ -10,8 +10,11 @@ class EvalInTrainMode(Rule):
     ## What it does
     Finds forwards that run BatchNorm layers in train mode under `torch.no_grad()` or
     `torch.inference_mode()` outside any training update — a validation or inference pass
-    without `model.eval()`. It points at that forward call. Deliberate recalibration
-    (`torch.optim.swa_utils.update_bn`, a pass after `reset_running_stats()`, `momentum=None`)
+    without `model.eval()`. It points at that forward call, or at a `model.eval` statement
+    without parentheses above it in the same function (or epoch loop): that no-op is the bug.
+    Deliberate recalibration (`torch.optim.swa_utils.update_bn`, a pass after
+    `reset_running_stats()`, `momentum=None`, a forward whose result nothing keeps:
+    `model(x)` as a statement of its own, run only to re-estimate the statistics)
     and no-grad forwards inside an update (a GAN's fake batch, a teacher's targets) are not
     reported. Nor is a GAN's preview: one no-grad call (no loop over batches) of a network
     whose layers no `eval()` call covers anywhere in the run, in a run where two optimizers
@@ -45,7 +48,9 @@ class EvalInTrainMode(Rule):
     ```
 
     ## Stays silent on
-    `swa_utils.update_bn` and statistics re-estimated after `reset_running_stats()`; a
+    `swa_utils.update_bn` and statistics re-estimated after `reset_running_stats()`, or by a
+    no-grad pass in train mode whose forward's result nothing keeps (`for x, _ in loader:
+    model(x)`, BatchNorm statistics recomputed on clean training images); a
     teacher in eval mode under `no_grad`; a momentum encoder (MoCo, BYOL) run under
     `no_grad` inside the training forward, in train mode, EMA-updated; a GAN whose models
     stay in train mode; BatchNorm without running statistics; a model with no BatchNorm or
@@ -65,8 +70,12 @@ class EvalInTrainMode(Rule):
         """``model.eval()`` before the ``with torch.no_grad()`` (or ``inference_mode()``) block
         the forward runs in, ``model.train()`` after it; the model is the one ``train()`` was
         called on, else the one called on the forward's line whose parameters the script
-        hands to an optimizer."""
+        hands to an optimizer. A bare ``model.eval`` (the statement only names the method)
+        is called instead."""
         cst = src.cst
+        bare = call_bare_method(src, finding.location.line, ("eval",))
+        if bare is not None:
+            return self.edit("call the eval the statement only names", bare)
         here = src.statement_at(finding.location.line)
         block = next((a for a in here.ancestors() if a.syntax == "With" and any(
             src.code(item.item).split("(")[0].split(".")[-1] in ("no_grad", "inference_mode")
@@ -103,6 +112,8 @@ class EvalInTrainMode(Rule):
                 if (state.get("layer") != "batchnorm" or not state.get("track_running_stats")
                         or mid in f.recalibrated or mid in calibrated.get(f.event.seq, ())):
                     continue
+                if _statistics_pass(a, f.event.loc):
+                    continue
                 group = groups.setdefault(f.event.loc, {"forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
@@ -114,13 +125,22 @@ class EvalInTrainMode(Rule):
             layers = one_or_many(count, "a BatchNorm layer", f"{count} BatchNorm layers")
             their = one_or_many(count, "its", "their")
             dropout = any((f.states.get(m) or {}).get("layer") == "dropout" for m in f.modules)
+            message = (f"this forward runs under {under} with {layers} in train mode ({tl.names(mids)}) "
+                       f"outside any training update: it overwrites {their} running statistics with this data "
+                       f"and normalises with batch statistics{' (and dropout stays on)' if dropout else ''} — "
+                       f"a validation pass without model.eval()")
+            fix, at, relations = None, where, [related(cause, "train() here left the model in train mode",
+                                                       Role.TRAIN_CALL)]
+            bare = _bare_eval(a, where)
+            if bare is not None:  # `model.eval` named, not called: that statement is the bug
+                at, fix = bare[0], f"call it: {bare[1]}()"
+                message = (f"`{bare[1]}` names the method without calling it, so the model stays in "
+                           f"train mode for the no-grad pass below it: " + message[len("this forward "):]
+                           .replace("runs under", "the forward runs under", 1))
+                relations.append(related(f.event, "the forward that runs in train mode"))
             yield self.finding(
-                f"this forward runs under {under} with {layers} in train mode ({tl.names(mids)}) "
-                f"outside any training update: it overwrites {their} running statistics with this data "
-                f"and normalises with batch statistics{' (and dropout stays on)' if dropout else ''} — "
-                f"a validation pass without model.eval()",
-                where,
-                related=(related(cause, "train() here left the model in train mode", Role.TRAIN_CALL),),
+                message, at, fix=fix,
+                related=tuple(relations),
                 step=f.steps_before or None,
                 evidence={"layers": [tl.name(m) for m in mids], "calls": f.event.get("calls", 1),
                           "inference_mode": bool(f.event.get("inference"))},
@@ -152,3 +172,20 @@ def _statistics_warmups(a) -> dict[int, set[int]]:
             if nxt is not None and nxt.kind == "eval" and not a.steps_before(nxt.seq):
                 out.setdefault(f.event.seq, set()).add(mid)
     return out
+def _statistics_pass(a, loc) -> bool:
+    """The forward's result is kept by nothing (``model(x)`` as a statement of its own, or
+    bound to ``_``): the pass runs for the running statistics it writes, not to evaluate."""
+    if loc is None or loc.via or not loc.path:
+        return False
+    return a.source.result_dropped(loc.path, loc.line)
+
+
+def _bare_eval(a, loc):
+    """``(location, text)`` of a ``something.eval`` statement without parentheses above the
+    forward, in its function or the loop around it (a no-op the trace cannot show), or None."""
+    if loc is None or loc.via or not loc.path:
+        return None
+    from dataclasses import replace
+
+    lines = a.source.bare_method_before(loc.path, loc.line, "eval")
+    return (replace(loc, line=lines[-1][0]), lines[-1][1]) if lines else None

@@ -61,6 +61,11 @@ class PlateauModeMismatch(Rule):
     scheduler.step(val_accuracy)
     ```
 
+    Where the constructor writes the mode out and the metric fed to `step` was bound beside
+    one whose name says that mode's direction (`val_loss, val_f1 = evaluate()` then
+    `scheduler.step(val_f1)` with `mode="min"`), the finding points at the step: the mode was
+    chosen, the step was handed the wrong value.
+
     ## Stays silent on
     `mode="max"` fed accuracy, `mode="min"` fed a loss (also one that rises while the model
     overfits: its name says lower is better), and a metric whose name says neither.
@@ -116,10 +121,19 @@ class PlateauModeMismatch(Rule):
                            f"(the replay saw {len(values)} value{'s' if len(values) != 1 else ''} "
                            f"and no cut yet)")
                 severity = Severity.INFO
+            fix = f"ReduceLROnPlateau(..., mode=\"{direction}\")"
+            relations = (related(first, f"the step fed {shown}"),)
+            meant = _metric_meant(a, init, first, text, mode)
+            if meant is not None:  # the mode was chosen; the step was handed the wrong value
+                message += (f" — the mode is written out and `{meant}`, a metric of that "
+                            f"direction, is bound beside {shown}: the step was meant to get it")
+                owner = a.source.called_object(first.loc.path, first.loc.line, "step") or "scheduler"
+                fix = f"feed the metric the mode was written for: {owner}.step({meant})"
+                where, relations = first, (related(init, f"mode=\"{mode}\" written here"),)
             yield self.finding(
                 message, where.loc, severity=severity,
-                related=(related(first, f"the step fed {shown}"),),
-                fix=f"ReduceLROnPlateau(..., mode=\"{direction}\")",
+                related=relations,
+                fix=fix,
                 evidence={"mode": mode, "metric": shown, "direction": direction,
                           "values": values[:8], "cut": cut is not None})
 
@@ -163,3 +177,16 @@ def _cut_while_improving(s, steps, direction):
         if new_lr is not None:
             lr = new_lr
     return None
+
+
+def _metric_meant(a, init, first, text, mode):
+    """The name bound beside the metric fed to the step (``val_loss, val_f1 = ...``) whose
+    name says the direction of the constructor's ``mode``, when ``mode`` is written out there:
+    the step, not the mode, is what to change. None otherwise."""
+    if init is None or init.loc is None or first.loc is None or not text or not text.isidentifier():
+        return None
+    if a.source.keyword_line(init.loc.path, init.loc.line, "mode") is None:
+        return None
+    fitting = [n for n in a.source.bound_beside(first.loc.path, first.loc.line, text)
+               if metric_direction(n) == mode]
+    return fitting[0] if len(fitting) == 1 else None

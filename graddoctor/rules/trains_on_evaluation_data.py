@@ -93,7 +93,11 @@ class TrainsOnEvaluationData(Rule):
     (each DataLoader's rows of the dataset under its Subsets and sampler, at its first
     `iter()`; the loader whose batches the model was trained on last before each evaluation
     epoch) and the names of the evaluation loop or loader; reported at the line that made the
-    held-out subset.
+    held-out subset. Two datasets of their own (tensors indexed apart: `x[train_idx]`,
+    `x[val_idx]`) are compared by value: input rows of many distinct values found in both are
+    copies of the same samples, reported at the slice that made the held-out index when one
+    held-out and one training slice of the same sequence overlap (`perm[:256]`,
+    `perm[192:]`), else at the held-out loader.
 
     ## Why is this bad?
     A validation loop copied from the training loop keeps its `loss.backward()` and
@@ -152,7 +156,10 @@ class TrainsOnEvaluationData(Rule):
     (`y[train_mask]` for a training accuracy). For shared rows: k-fold cross-validation (each
     fold's validation rows are disjoint from that fold's training rows), a validation set of
     the same dataset with disjoint indices, a pass over the training rows named for training
-    (`train_eval_loader`).
+    (`train_eval_loader`, also over a copy of those rows), or whose every row is a copy of a
+    training row (a few training images evaluated one at a time); rows of a few values (a table of
+    categories, blank images), where equal rows need not be the same sample, and fewer than 3
+    copied rows or 5% of the smaller set.
     """
 
     code = "GD256"
@@ -191,9 +198,15 @@ class TrainsOnEvaluationData(Rule):
         training indices."""
         rows = {e.get("loader"): e for e in a.of_kind("loader_rows")}
         shared: dict[frozenset, int] = {}
+        copies: set[frozenset] = set()  # pairs over two datasets holding copies of the same rows
         for e in rows.values():
             for other, count in e.get("shared") or ():
                 shared[frozenset((e.get("loader"), other))] = count
+            for other, count in e.get("copied") or ():
+                pair = frozenset((e.get("loader"), other))
+                if pair not in shared:
+                    shared[pair] = count
+                    copies.add(pair)
         if not shared:
             return
         applied = self._applied(a)
@@ -219,19 +232,36 @@ class TrainsOnEvaluationData(Rule):
                 if made is None or made.loc is None:
                     continue
                 total = rows[loader].get("rows") if loader in rows else None
+                if frozenset((loader, training)) in copies and (not total or count >= total):
+                    continue  # every sample a copy of a training row: a pass over (part of)
+                    # the training data on purpose, no split gone wrong
                 of = f" of the {total}" if total else ""
+                how = ("copies of rows the training loader serves (the same input values in "
+                       "both datasets: the split's index sets overlap)"
+                       if frozenset((loader, training)) in copies else
+                       "also rows the training loader serves (the same dataset, through "
+                       "overlapping Subsets or samplers)")
+                where, fix = made.loc, None
+                if frozenset((loader, training)) in copies and made.loc.path:
+                    split = _overlapping_split(a, made.loc.path)
+                    if split is not None:
+                        line, held, held_text, train, train_text = split
+                        where = replace(made.loc, line=line)
+                        how += f" — `{held} = {held_text}` overlaps `{train} = {train_text}`"
+                        fix = (f"make the two slices of the split disjoint: the held-out part "
+                               f"must start where `{train_text}` ends")
                 yield self.finding(
-                    f"{count}{of} samples of {what} are also rows the training loader serves "
-                    f"(the same dataset, through overlapping Subsets or samplers): the model is "
+                    f"{count}{of} samples of {what} are {how}: the model is "
                     f"evaluated on samples it trains on, so the validation score overstates "
                     f"how it generalises",
-                    made.loc,
+                    where,
                     related=(related(starts[0], "the evaluation loop"),
                              related(before[-1], "a backward on the training rows")),
-                    fix=("split the dataset once into disjoint parts (one random_split call, or "
-                         "index lists with no row in common) and take the training and the "
-                         "validation set from that one split"),
-                    evidence={"loader": loader, "training_loader": training, "shared": count})
+                    fix=fix or ("split the dataset once into disjoint parts (one random_split call, or "
+                                "index lists with no row in common) and take the training and the "
+                                "validation set from that one split"),
+                    evidence={"loader": loader, "training_loader": training, "shared": count,
+                              "copies": frozenset((loader, training)) in copies})
                 break
 
     def _held_out_loader(self, a, loop, rows_event) -> str | None:
@@ -343,3 +373,19 @@ class TrainsOnEvaluationData(Rule):
                          related(step, "the step that applies them")),
                 step=a.step_number.get(step.seq),
                 evidence={"loader": loader, "backwards": n})
+
+
+def _overlapping_split(a, path):
+    """``(line, held-out name, its slice, training name, its slice)``: the first pair of slices
+    of one sequence, a held-out name's and a training name's, whose rows overlap
+    (``train_idx, val_idx = perm[:256], perm[192:]``; the inputs' split where the labels are
+    sliced alike below it); None when there is none or the pairs slice at different bounds."""
+    pairs = []
+    for line, name, text, other, other_text in a.source.split_slices(path):
+        if _held_out(name) and _training(other):
+            pairs.append((line, name, text, other, other_text))
+        elif _held_out(other) and _training(name):
+            pairs.append((line, other, other_text, name, text))
+    if not pairs or len({(p[2].split("[", 1)[-1], p[4].split("[", 1)[-1]) for p in pairs}) != 1:
+        return None
+    return min(pairs)
