@@ -54,7 +54,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import nodes_below, reached, saved
+from .graphpaths import nodes_below, reached, saved, saved_dims
 from .lossfactor import python_number
 from .recorder import Recorder
 
@@ -383,6 +383,27 @@ def _past_scale(node):
     return node
 
 
+def _reduced_count(node):
+    """How many values a mean or sum ``node`` returns (one for a full reduction, the batch's
+    size for a per-sample one), or None when its saved sizes are not readable."""
+    sizes = saved(node, "_saved_self_sym_sizes")
+    if sizes is None:
+        return None
+    sizes = [int(n) for n in sizes]
+    dims = saved_dims(node)
+    if dims is None or dims == ():
+        return 1
+    rank = len(sizes)
+    kept = list(sizes)
+    for d in dims if isinstance(dims, tuple) else (dims,):
+        if -rank <= d < rank:
+            kept[d] = 1
+    count = 1
+    for n in kept:
+        count *= n
+    return count
+
+
 def variance_added(root, limit: int = _NODES):
     """``(node, x)``: the mean of ``x``'s squares and the square of ``x``'s mean in the loss's
     linear top with one sign — a variance E[x²] - λ·E[x]² written with a plus (the
@@ -401,26 +422,30 @@ def variance_added(root, limit: int = _NODES):
             root = children[0][1]
             continue
         break
-    squares: dict = {}  # x -> (signs of mean(x ** 2), the node)
-    means: dict = {}  # x -> (signs of mean(x) ** 2, the node)
+    # the two moments count as one variance only when they average over the same values: as
+    # many results each (both over the whole tensor, or both per sample); the mean of the
+    # squares over everything plus each feature's mean squared is a penalty on two moments
+    squares: dict = {}  # (x, results of the mean) -> (signs of mean(x ** 2), the node)
+    means: dict = {}  # (x, results of the mean) -> (signs of mean(x) ** 2, the node)
 
     def visit(node, sign, name, children) -> bool:
         inner = _mean_of(node)
         if inner is not None:
             x = _square_of(inner)
             if x is not None:
-                squares.setdefault(x, (set(), node))[0].add(sign)
+                squares.setdefault((x, _reduced_count(node)), (set(), node))[0].add(sign)
         inner = _square_of(node)
         if inner is not None:
-            x = _mean_of(_past_scale(inner))
+            reduction = _past_scale(inner)
+            x = _mean_of(reduction)
             if x is not None:
-                means.setdefault(x, (set(), node))[0].add(sign)
+                means.setdefault((x, _reduced_count(reduction)), (set(), node))[0].add(sign)
         return False
 
     signed_walk(root, limit, visit)
-    for x, (signs, node) in means.items():
-        if x in squares and signs == squares[x][0] == {1.0}:
-            return node, x
+    for key, (signs, node) in means.items():
+        if key in squares and signs == squares[key][0] == {1.0}:
+            return node, key[0]
     return None
 
 
@@ -478,12 +503,20 @@ def _same_view(a, b) -> bool:
             and a.stride() == b.stride() and a.dim() >= 2 and a.shape[-1] == a.shape[-2])
 
 
+def _symmetric(a) -> bool:
+    """Whether every matrix of ``a`` equals its transpose: then ``A @ A`` is ``A @ A.T``."""
+    with torch.no_grad():
+        return bool(torch.allclose(a, a.transpose(-1, -2), rtol=1e-5, atol=1e-6))
+
+
 def self_product(node) -> bool:
-    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice."""
+    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice, of
+    matrices that are not symmetric (a symmetric matrix times itself is its Gram matrix)."""
     name = type(node).__name__
     if name not in ("BmmBackward0", "MmBackward0"):
         return False
-    return _same_view(saved(node, "_saved_self"), saved(node, "_saved_mat2"))
+    a = saved(node, "_saved_self")
+    return _same_view(a, saved(node, "_saved_mat2")) and not _symmetric(a)
 
 
 def offset_self_products(root, limit: int = _PRODUCT_NODES) -> list:
