@@ -297,6 +297,7 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
     found = []
+    squared: set = set()  # the tensors whose squares the loss holds with a positive sign
     picked: dict = {}  # a tensor indexed at one entry a row with a positive sign -> that node
     gathered: list = []  # (gather node, log_softmax node) reached with a positive sign
     spread: list = []  # (logsumexp node, its input) reached with a negative sign
@@ -318,7 +319,12 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
             if shared is not None and not _bounded(shared):
                 found.append(("linear", node, shared))  # max(q * e, (1 - q) * e)
             return False
-        if sign >= 0:
+        if sign > 0:
+            whole = _square_of(node)
+            if whole is not None:
+                squared.add(whole)
+            return False
+        if sign == 0:
             return False
         if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
             if not _bounded(children[0][1]):
@@ -337,6 +343,10 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         return False  # none of these is walked below: signed_walk stops at them itself
 
     signed_walk(root, limit, visit)
+    # the squares of a part of a tensor (its diagonal, some rows) subtracted from the squares of
+    # the whole it is taken from: what is left is the squares of the rest, never negative (the
+    # off-diagonal covariance of VICReg and Barlow Twins, written total minus diagonal)
+    found = [f for f in found if not (f[0] == "square" and _part_of(f[2]) in squared)]
     # x[a] - logsumexp(x): a log-softmax written out, minimised (a cross-entropy with its sign
     # flipped, a CQL regulariser subtracted the wrong way round): unbounded below
     found.extend(("logsumexp", node, source) for node, source in spread
@@ -347,6 +357,19 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         shared = _used_twice(root, [node for node, _ in gathered])
         found.extend(("log_softmax", node, source) for node, source in gathered if node not in shared)
     return found
+
+
+_PARTS = ("DiagonalBackward", "SliceBackward", "SelectBackward", "IndexBackward", "NarrowBackward")
+
+
+def _part_of(node):
+    """The tensor (past views) that ``node`` takes a part of (its diagonal, a slice, some rows),
+    else None."""
+    node = _past_views(node)
+    if node is None or not type(node).__name__.startswith(_PARTS):
+        return None
+    children = _children(node)
+    return _past_views(children[0][1]) if len(children) == 1 else None
 
 
 _MONOTONE = ("SqrtBackward", "LogBackward", "Log1pBackward")  # increasing: keep a term's sign
