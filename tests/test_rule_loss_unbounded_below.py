@@ -139,6 +139,16 @@ def test_a_variance_written_out_is_not_unbounded():
     assert not _variance_form("loss = (")
 
 
+def test_the_squares_of_a_part_subtracted_from_the_squares_of_the_whole_are_bounded():
+    z = MU - MU.mean(0)
+    cov = z.T @ z / 3
+    # VICReg's off-diagonal covariance written as total minus diagonal: the rest's squares
+    assert _terms(cov.pow(2).sum() - cov.diagonal().pow(2).sum()) == []
+    assert _terms((MU ** 2).sum() - (MU[:, 0] ** 2).sum()) == []
+    # the squares of a part subtracted from nothing of its whole stay unbounded
+    assert _terms(X.sum() - cov.diagonal().pow(2).sum()) == ["square"]
+
+
 def test_a_max_of_multiples_of_one_sign_is_a_linear_term():
     from graddoctor.instrument.lossterms import negative_terms
     e = torch.randn(8, 3, requires_grad=True)

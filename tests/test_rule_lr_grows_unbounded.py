@@ -103,6 +103,25 @@ def test_a_lambda_with_a_ceiling_in_its_text_is_capped(tmp_path):
     assert capped == {8: True, 9: True, 10: True, 11: False, 12: False, 13: False, 14: True, 15: True}
 
 
+def test_a_written_lr_with_a_ceiling_in_its_text_is_capped(tmp_path):
+    from graddoctor.analysis.source import written_lr_capped
+    path = tmp_path / "train.py"
+    path.write_text(
+        "def triangular(step):\n"
+        "    pos = step % 400\n"
+        "    return lo + (hi - lo) * (pos / 200 if pos < 200 else 2 - pos / 200)\n"
+        "def ramp(step):\n"
+        "    return lo * (1 + step / 10)\n"
+        "for step in range(100):\n"
+        "    for g in opt.param_groups:\n"
+        "        g['lr'] = triangular(step)\n"
+        "        g['lr'] = ramp(step)\n"
+        "        g['lr'] = lo * min(8, 1 + step / 10)\n"
+        "        g['lr'] = lo * (1 + step / 10)\n")
+    capped = {line: written_lr_capped(str(path), line) for line in range(8, 12)}
+    assert capped == {8: True, 9: False, 10: True, 11: False}
+
+
 def test_a_decay_that_turns_into_a_climb_past_its_start_is_a_warning():
     lrs = [0.01 * (1 - 0.005 * i) for i in range(4)] + [0.01 * (i + 1) / 4 for i in range(4, 14)]
     f = _found(_run(lrs, cls="LambdaLR", start=0.01))

@@ -41,6 +41,14 @@ def test_the_transpose_a_value_and_two_matrices_are_not():
     assert _found((t @ t).sum()) == 0  # not compared with a constant
 
 
+def test_a_symmetric_matrix_times_itself_is_its_gram_matrix():
+    sym = 0.5 * (W + W.t())  # S @ S is S @ S.T: the orthogonality penalty, written shorter
+    assert _found(F.mse_loss(sym @ sym, EYE6)) == 0
+    batch = 0.5 * (A + A.transpose(1, 2))
+    assert _found(torch.norm(torch.bmm(batch, batch) - EYE5, dim=(1, 2)).mean()) == 0
+    assert _found(F.mse_loss(W @ W, EYE6)) == 1  # W itself is not symmetric
+
+
 def test_the_products_line_is_found(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -52,6 +52,19 @@ def test_own_targets_auxiliary_heads_and_constants_are_silent():
     assert paired_heads_one_target(ast.parse(const)) == []
 
 
+def test_a_target_that_names_neither_end_is_a_shared_label():
+    views = dedent("""\
+        def step(left_logits, right_logits, scene_labels, head_scores, tail_scores, labels):
+            loss = F.cross_entropy(left_logits, scene_labels) + F.cross_entropy(right_logits, scene_labels)
+            return loss + F.binary_cross_entropy_with_logits(head_scores, labels) \\
+                + F.binary_cross_entropy_with_logits(tail_scores, labels)
+        """)
+    assert paired_heads_one_target(ast.parse(views)) == []
+    named = views.replace("scene_labels", "left_idx")
+    assert [(line, end) for line, _, _, end, _ in paired_heads_one_target(ast.parse(named))] == \
+        [(2, "right")]
+
+
 def test_the_rule_reads_the_files_whose_backwards_ran(tmp_path):
     script = tmp_path / "qa.py"
     script.write_text(QA + "loss.backward()\n")

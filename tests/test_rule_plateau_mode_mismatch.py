@@ -58,6 +58,14 @@ def test_metric_direction_reads_the_names():
     assert metric_direction("metrics['loss']") == "min" and metric_direction("x") is None
 
 
+def test_metric_direction_follows_the_arithmetic_around_the_names():
+    # an error rate made from an accuracy is lower-is-better; a reciprocal loss higher
+    assert metric_direction("1.0 - accuracy") == "min" and metric_direction("1 - val_acc") == "min"
+    assert metric_direction("-val_acc") == "min" and metric_direction("1 / val_loss") == "max"
+    assert metric_direction("val_loss / n") == "min" and metric_direction("acc - 0.1 * loss") == "max"
+    assert metric_direction("acc + loss") is None  # the operands disagree
+
+
 def test_a_new_best_counted_as_no_progress_is_a_warning_before_any_cut(tmp_path):
     t = run(tmp_path, "val_loss", "max", [1.0, 0.8], [0.1, 0.1])
     f = only(t, SLUG)

@@ -248,6 +248,19 @@ def test_the_fix_names_the_class_axis_of_each_layout():
     assert _class_dim({"fn": "softmax", "shape": [8, 3, 16, 16]}, "torch.softmax(x, dim=0)")[0] == 1
 
 
+def test_a_hand_written_cross_entropys_gathered_classes_give_the_targets_batch():
+    import torch
+    from graddoctor.instrument.graphpaths import post_order
+    from graddoctor.instrument.softmaxbatch import _target_leading
+    probs = torch.softmax(torch.randn(6, 3, requires_grad=True), dim=1)
+    y = torch.randint(0, 3, (6,))
+    loss = -torch.log(probs.gather(1, y[:, None])).mean()
+    assert _target_leading(post_order(loss.grad_fn, 1000)) == {6}
+    # a gather along the first axis picks steps, not classes: no target read
+    picked = -torch.log(probs.gather(0, torch.zeros(1, 3, dtype=torch.long))).mean()
+    assert _target_leading(post_order(picked.grad_fn, 1000)) == set()
+
+
 def test_a_sequence_first_tensor_whose_axis_1_is_the_targets_batch_is_not_over_the_batch():
     from graddoctor.instrument.softmaxbatch import over_batch
     # (T=9, B=16, 1) attention weights over time: the targets are 16 long, the data 9 long first

@@ -41,6 +41,15 @@ def test_the_variance_with_its_minus_or_another_tensors_mean_is_not():
     assert variance_added(loss.grad_fn) is None and negative_terms(loss.grad_fn)
 
 
+def test_moments_over_different_values_are_not_one_variance():
+    h = torch.tanh(PRED.view(8, 4) * 3)
+    # the codes' energy plus each feature's mean squared: two penalties, not a variance
+    assert variance_added(((h ** 2).mean() + (h.mean(0) ** 2).mean()).grad_fn) is None
+    h = torch.tanh(PRED.view(8, 4) * 3)
+    # per sample on both sides (a per-image scale-invariant loss with a plus) is still found
+    assert variance_added(((h ** 2).mean(1) + 0.5 * h.mean(-1) ** 2).mean().grad_fn) is not None
+
+
 def test_the_line_that_adds_the_squared_mean_is_found(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -531,6 +531,8 @@ def growths(a: "Analysis") -> list[Growth]:
             continue
         if w.scheduled and w.cls == "LambdaLR" and _factor_capped(a, w):
             continue  # a warm-up longer than the replay, to a peak its lambda caps
+        if w.by_hand and w.loc is not None and a.source.written_lr_capped(w.loc.path, w.loc.line):
+            continue  # the same for the script's own writes: a cycle or a warm-up it caps
         if _range_test(a, w) or _handed_over(a, opt):
             continue  # an lr range test: it climbs until the loss diverges, then stops
         out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))

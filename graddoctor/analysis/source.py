@@ -188,6 +188,9 @@ class ScriptSource:
     def factor_capped(self, path: str, line: int, function: str) -> bool:
         return factor_capped(self.full(path), line, function)
 
+    def written_lr_capped(self, path: str, line: int) -> bool:
+        return written_lr_capped(self.full(path), line)
+
     def factor_branch_line(self, path: str, line: int, function: str) -> int | None:
         return factor_branch_line(self.full(path), line, function)
 
@@ -3421,24 +3424,47 @@ def factor_capped(path: str, line: int, function: str) -> bool:
     found = _factor_bodies(path, line, function)
     if found is None or not found[1]:
         return False
-    for body in found[1]:
-        capped = False
-        for node in ast.walk(body):
-            if isinstance(node, (ast.IfExp, ast.If)):
-                capped = True
-            elif isinstance(node, ast.Call):
-                f = node.func
-                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                terms = len(node.args) if not (len(node.args) == 1 and isinstance(
-                    node.args[0], (ast.List, ast.Tuple))) else len(node.args[0].elts)
-                if name in ("min", "minimum") and terms >= 2 or name == "clamp_max" or \
-                        name in ("clamp", "clip") and (terms >= 2 or any(k.arg == "max" for k in node.keywords)):
-                    capped = True
-            if capped:
-                break
-        if not capped:
-            return False
-    return True
+    return all(_body_capped(body) for body in found[1])
+
+
+def _body_capped(body: ast.AST) -> bool:
+    """Whether a schedule's text has a ceiling: a branch, a ``min`` of two terms or more, a
+    clamp with an upper bound, or a step taken modulo a period (a cycle)."""
+    for node in ast.walk(body):
+        if isinstance(node, (ast.IfExp, ast.If)):
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            return True
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            terms = len(node.args) if not (len(node.args) == 1 and isinstance(
+                node.args[0], (ast.List, ast.Tuple))) else len(node.args[0].elts)
+            if name in ("min", "minimum") and terms >= 2 or name == "clamp_max" or \
+                    name in ("clamp", "clip") and (terms >= 2 or any(k.arg == "max" for k in node.keywords)):
+                return True
+    return False
+
+
+def written_lr_capped(path: str, line: int) -> bool:
+    """Whether the value a script's own lr assignment on ``line`` writes (``g["lr"] = f(step)``)
+    has a ceiling in its text (``_body_capped``): the expression itself, or the ``def`` of the
+    function it calls by name in the file (one level). False when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    for stmt in walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign)) or stmt.lineno != line:
+            continue
+        value = stmt.value
+        if _body_capped(value):
+            return True
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            defs = [d for d in walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and d.name == value.func.id]
+            if defs and all(_body_capped(d) for d in defs):
+                return True
+    return False
 
 
 _STRAIGHT_CALLS = frozenset({"float", "int", "min", "max"})

@@ -54,7 +54,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import nodes_below, reached, saved
+from .graphpaths import nodes_below, reached, saved, saved_dims
 from .lossfactor import python_number
 from .recorder import Recorder
 
@@ -297,6 +297,7 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
     found = []
+    squared: set = set()  # the tensors whose squares the loss holds with a positive sign
     picked: dict = {}  # a tensor indexed at one entry a row with a positive sign -> that node
     gathered: list = []  # (gather node, log_softmax node) reached with a positive sign
     spread: list = []  # (logsumexp node, its input) reached with a negative sign
@@ -318,7 +319,12 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
             if shared is not None and not _bounded(shared):
                 found.append(("linear", node, shared))  # max(q * e, (1 - q) * e)
             return False
-        if sign >= 0:
+        if sign > 0:
+            whole = _square_of(node)
+            if whole is not None:
+                squared.add(whole)
+            return False
+        if sign == 0:
             return False
         if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
             if not _bounded(children[0][1]):
@@ -337,6 +343,10 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         return False  # none of these is walked below: signed_walk stops at them itself
 
     signed_walk(root, limit, visit)
+    # the squares of a part of a tensor (its diagonal, some rows) subtracted from the squares of
+    # the whole it is taken from: what is left is the squares of the rest, never negative (the
+    # off-diagonal covariance of VICReg and Barlow Twins, written total minus diagonal)
+    found = [f for f in found if not (f[0] == "square" and _part_of(f[2]) in squared)]
     # x[a] - logsumexp(x): a log-softmax written out, minimised (a cross-entropy with its sign
     # flipped, a CQL regulariser subtracted the wrong way round): unbounded below
     found.extend(("logsumexp", node, source) for node, source in spread
@@ -347,6 +357,19 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         shared = _used_twice(root, [node for node, _ in gathered])
         found.extend(("log_softmax", node, source) for node, source in gathered if node not in shared)
     return found
+
+
+_PARTS = ("DiagonalBackward", "SliceBackward", "SelectBackward", "IndexBackward", "NarrowBackward")
+
+
+def _part_of(node):
+    """The tensor (past views) that ``node`` takes a part of (its diagonal, a slice, some rows),
+    else None."""
+    node = _past_views(node)
+    if node is None or not type(node).__name__.startswith(_PARTS):
+        return None
+    children = _children(node)
+    return _past_views(children[0][1]) if len(children) == 1 else None
 
 
 _MONOTONE = ("SqrtBackward", "LogBackward", "Log1pBackward")  # increasing: keep a term's sign
@@ -383,6 +406,27 @@ def _past_scale(node):
     return node
 
 
+def _reduced_count(node):
+    """How many values a mean or sum ``node`` returns (one for a full reduction, the batch's
+    size for a per-sample one), or None when its saved sizes are not readable."""
+    sizes = saved(node, "_saved_self_sym_sizes")
+    if sizes is None:
+        return None
+    sizes = [int(n) for n in sizes]
+    dims = saved_dims(node)
+    if dims is None or dims == ():
+        return 1
+    rank = len(sizes)
+    kept = list(sizes)
+    for d in dims if isinstance(dims, tuple) else (dims,):
+        if -rank <= d < rank:
+            kept[d] = 1
+    count = 1
+    for n in kept:
+        count *= n
+    return count
+
+
 def variance_added(root, limit: int = _NODES):
     """``(node, x)``: the mean of ``x``'s squares and the square of ``x``'s mean in the loss's
     linear top with one sign — a variance E[x²] - λ·E[x]² written with a plus (the
@@ -401,26 +445,30 @@ def variance_added(root, limit: int = _NODES):
             root = children[0][1]
             continue
         break
-    squares: dict = {}  # x -> (signs of mean(x ** 2), the node)
-    means: dict = {}  # x -> (signs of mean(x) ** 2, the node)
+    # the two moments count as one variance only when they average over the same values: as
+    # many results each (both over the whole tensor, or both per sample); the mean of the
+    # squares over everything plus each feature's mean squared is a penalty on two moments
+    squares: dict = {}  # (x, results of the mean) -> (signs of mean(x ** 2), the node)
+    means: dict = {}  # (x, results of the mean) -> (signs of mean(x) ** 2, the node)
 
     def visit(node, sign, name, children) -> bool:
         inner = _mean_of(node)
         if inner is not None:
             x = _square_of(inner)
             if x is not None:
-                squares.setdefault(x, (set(), node))[0].add(sign)
+                squares.setdefault((x, _reduced_count(node)), (set(), node))[0].add(sign)
         inner = _square_of(node)
         if inner is not None:
-            x = _mean_of(_past_scale(inner))
+            reduction = _past_scale(inner)
+            x = _mean_of(reduction)
             if x is not None:
-                means.setdefault(x, (set(), node))[0].add(sign)
+                means.setdefault((x, _reduced_count(reduction)), (set(), node))[0].add(sign)
         return False
 
     signed_walk(root, limit, visit)
-    for x, (signs, node) in means.items():
-        if x in squares and signs == squares[x][0] == {1.0}:
-            return node, x
+    for key, (signs, node) in means.items():
+        if key in squares and signs == squares[key][0] == {1.0}:
+            return node, key[0]
     return None
 
 
@@ -478,12 +526,20 @@ def _same_view(a, b) -> bool:
             and a.stride() == b.stride() and a.dim() >= 2 and a.shape[-1] == a.shape[-2])
 
 
+def _symmetric(a) -> bool:
+    """Whether every matrix of ``a`` equals its transpose: then ``A @ A`` is ``A @ A.T``."""
+    with torch.no_grad():
+        return bool(torch.allclose(a, a.transpose(-1, -2), rtol=1e-5, atol=1e-6))
+
+
 def self_product(node) -> bool:
-    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice."""
+    """Whether ``node`` is a matrix product of one tensor with itself, the same view twice, of
+    matrices that are not symmetric (a symmetric matrix times itself is its Gram matrix)."""
     name = type(node).__name__
     if name not in ("BmmBackward0", "MmBackward0"):
         return False
-    return _same_view(saved(node, "_saved_self"), saved(node, "_saved_mat2"))
+    a = saved(node, "_saved_self")
+    return _same_view(a, saved(node, "_saved_mat2")) and not _symmetric(a)
 
 
 def offset_self_products(root, limit: int = _PRODUCT_NODES) -> list:

@@ -59,12 +59,19 @@ def _data_leading(root, limit: int) -> set[int]:
 
 def _target_leading(nodes) -> set[int]:
     """The leading sizes of the targets the loss nodes among ``nodes`` saved (a cross-entropy's
-    class indices, a regression's values): the loss's own batch."""
+    class indices, a regression's values), and of the class indices a hand-written
+    cross-entropy gathers along its last axis (``probs.gather(1, y[:, None])``): the loss's own
+    batch."""
     sizes: set[int] = set()
     for node in nodes or ():
         value = saved(node, "_saved_target") if "_saved_target" in dir(node) else None
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
             sizes.add(int(value.shape[0]))
+        elif type(node).__name__ == "GatherBackward0":
+            index, along = saved(node, "_saved_index"), saved_dims(node)
+            if isinstance(index, torch.Tensor) and index.dim() >= 2 and isinstance(along, int) \
+                    and along in (index.dim() - 1, -1) and not index.is_floating_point():
+                sizes.add(int(index.shape[0]))
     return sizes
 
 

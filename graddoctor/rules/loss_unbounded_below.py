@@ -63,7 +63,10 @@ class LossUnboundedBelow(Rule):
     depth estimation, `(g ** 2).mean() - lam * g.mean() ** 2`, with no literal factor above 1);
     a pinball loss with factors of opposite signs (`torch.max(q * e, (q - 1) * e)`, or written
     with `torch.where`), a max with zero or with the value itself (a hinge, a leaky ReLU);
-    `logsumexp(x) - x[a]` (CQL's term, a cross-entropy: never negative); a `logsumexp` with a
+    `logsumexp(x) - x[a]` (CQL's term, a cross-entropy: never negative); the squares of a part of
+    a tensor (its diagonal, a slice, some rows) subtracted from the squares of the whole it is
+    taken from (VICReg's and Barlow Twins' off-diagonal term, `c.pow(2).sum() -
+    c.diagonal().pow(2).sum()`: the rest's squares; the factors are not compared); a `logsumexp` with a
     minus sign and no entry of the same scores added back (IWAE's log-mean-exp, JEM's energy of
     data against a `logsumexp` of samples); a log-softmax picked by a constant column
     (`log_softmax(d)[:, 0]`, a two-class discriminator's); a gathered log-probability the loss

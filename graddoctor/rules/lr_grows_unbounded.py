@@ -56,9 +56,12 @@ class LrGrowsUnbounded(Rule):
     from `max_lr`); `LinearLR` (its `end_factor` caps it); a warm-up to a scaled peak (the linear
     scaling rule's `world_size * min(1, step / warmup)`: it holds once there); a `StepLR` whose
     lr holds between its steps; a `LambdaLR` whose lambda has a ceiling in its text (a `min` of
-    two terms, a clamp, a branch), rising over a warm-up longer than the replay to a peak above
-    the optimizer's lr (fairseq's inverse-sqrt written as a factor of a unit lr, the linear
-    scaling rule's `world * min(1, (s + 1) / warmup)` with a long warm-up); a rise of less than 2×; an lr that fell at some step (a cycle);
+    two terms, a clamp, a branch, a step taken modulo a period), rising over a warm-up longer
+    than the replay to a peak above the optimizer's lr (fairseq's inverse-sqrt written as a
+    factor of a unit lr, the linear scaling rule's `world * min(1, (s + 1) / warmup)` with a long
+    warm-up), and the same for the script's own lr writes (`g["lr"] = cyclical_lr(step)`: the
+    written expression or the function it calls, a cycle written by hand); a rise of less than
+    2×; an lr that fell at some step (a cycle);
     a run that ended on its own; an lr range test (every lr the script set at most 1e-5, or a
     schedule stepped in a function that stops when the loss diverges, `if loss > 4 * best_loss:
     break`, as torch-lr-finder's and fastai's finders do: it climbs exponentially on purpose,

@@ -68,8 +68,8 @@ def paired_heads_one_target(tree: ast.AST) -> list[tuple[int, str, str, str, str
     """``(line, call text, the other call's text, its end, the shared target)`` for each pair
     of calls of one function in one scope whose predictions are the two ends of a pair
     (``start_logits`` / ``end_logits``) and whose targets (and every other argument) are the
-    same text; the line is the call whose prediction the target's name does not match (the
-    later one when the name says neither)."""
+    same text, a target whose name holds one end (``start_positions``, ``h_idx``); the line is
+    the call whose prediction the target's name does not match."""
     found = []
     scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                              ast.Module))]
@@ -93,6 +93,10 @@ def paired_heads_one_target(tree: ast.AST) -> list[tuple[int, str, str, str, str
                     continue
                 seen.add((first.lineno, first.col_offset, second.lineno, second.col_offset))
                 side = _target_side(ast.unparse(target), pair)
+                if side is None:
+                    # a target that names neither end is one label both ends may share (two
+                    # views of one sample, head- and tail-corrupted triples scored as valid or not)
+                    continue
                 wrong, right = (first, second) if side == pair[1] else (second, first)
                 found.append((wrong.lineno, ast.unparse(wrong), ast.unparse(right),
                               pair[0] if wrong is first else pair[1], ast.unparse(target)))
@@ -108,9 +112,9 @@ class PairedHeadsOneTarget(Rule):
     `F.cross_entropy(end_logits, start_positions)`). Read from the script's source, in the
     files whose backwards ran: in one function, two calls of one loss whose first arguments
     differ only by a pair's words swapped (`start`/`end`, `begin`/`end`, `head`/`tail`,
-    `subj`/`obj`, `left`/`right`) and whose other arguments are the same text. It points at
-    the call whose prediction the target's name does not match (the later one when the name
-    says neither).
+    `subj`/`obj`, `left`/`right`) and whose other arguments are the same text, a target whose
+    name holds one end (`start_positions`, `h_idx`). It points at the call whose prediction the
+    target's name does not match.
 
     ## Why is this bad?
     The end head learns to point where answers start: both heads are trained toward the
@@ -131,7 +135,10 @@ class PairedHeadsOneTarget(Rule):
 
     ## Stays silent on
     Deep supervision and auxiliary heads trained on one label (`aux_logits` and `logits`:
-    no pair's words), each end with its own target, and calls with a constant target.
+    no pair's words), each end with its own target, and calls with a constant target; a
+    target whose name holds neither end (`labels`): one label both ends are meant to share, as
+    two views of one sample (`left_logits`, `right_logits` against the scene's class) or
+    head- and tail-corrupted triples scored against one validity label.
     """
 
     code = "GD416"

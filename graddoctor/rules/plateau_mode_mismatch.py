@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import re
 
 from ..findings import Severity
@@ -14,21 +15,51 @@ LOWER = frozenset({"loss", "error", "err", "mse", "mae", "rmse", "ppl", "perplex
                    "wer", "cer", "distance", "dist"})
 
 
-def metric_direction(text: str | None) -> str | None:
-    """"max" when the metric's source text names something higher-is-better (``val_acc``,
-    ``-loss``), "min" when lower-is-better (``val_loss``), None when it says neither."""
-    if not text:
-        return None
-    negated = text.lstrip().startswith("-")
+def _word_direction(text: str) -> str | None:
     words = set(re.split(r"[^a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", text).lower()))
     higher = bool(words & HIGHER) or any(w.startswith("acc") for w in words)
     lower = bool(words & LOWER)
     if higher == lower:
         return None
-    direction = "max" if higher else "min"
-    if negated:
-        direction = "min" if direction == "max" else "max"
-    return direction
+    return "max" if higher else "min"
+
+
+def _signed_leaves(node: ast.AST, sign: int, out: list) -> None:
+    """The operands of an arithmetic expression with the sign it gives each: a minus before it,
+    the right side of a subtraction (``1 - acc``, an error rate) and a denominator flip it."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        _signed_leaves(node.operand, -sign if isinstance(node.op, ast.USub) else sign, out)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        _signed_leaves(node.left, sign, out)
+        flip = isinstance(node.op, (ast.Sub, ast.Div))
+        _signed_leaves(node.right, -sign if flip else sign, out)
+    elif not isinstance(node, ast.Constant):
+        out.append((ast.unparse(node), sign))
+
+
+def metric_direction(text: str | None) -> str | None:
+    """"max" when the metric's source text names something higher-is-better (``val_acc``,
+    ``-loss``), "min" when lower-is-better (``val_loss``, ``1 - accuracy``), None when it says
+    neither or its operands disagree."""
+    if not text:
+        return None
+    try:
+        expr = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        expr = None
+    if expr is None:
+        direction = _word_direction(text)
+        if direction is not None and text.lstrip().startswith("-"):
+            direction = "min" if direction == "max" else "max"
+        return direction
+    leaves: list = []
+    _signed_leaves(expr, 1, leaves)
+    votes = set()
+    for leaf, sign in leaves:
+        direction = _word_direction(leaf)
+        if direction is not None:
+            votes.add(direction if sign > 0 else ("min" if direction == "max" else "max"))
+    return votes.pop() if len(votes) == 1 else None
 
 
 class PlateauModeMismatch(Rule):
@@ -68,7 +99,9 @@ class PlateauModeMismatch(Rule):
 
     ## Stays silent on
     `mode="max"` fed accuracy, `mode="min"` fed a loss (also one that rises while the model
-    overfits: its name says lower is better), and a metric whose name says neither.
+    overfits: its name says lower is better) or an error rate made from an accuracy
+    (`1 - val_acc`: each name's sign read through the arithmetic around it), and a metric whose
+    name says neither.
     """
 
     code = "GD225"

@@ -85,7 +85,8 @@ class SoftmaxOverBatch(Rule):
     axis (CLIP's symmetric loss, InfoNCE's columns); a softmax over the instances of one bag
     ((K, 1) attention weights of multiple-instance learning, a DataLoader batch of another size);
     a softmax over dim 0 of a sequence-first (T, B, ...) tensor whose axis 1 is the loss's batch
-    (as long as its targets, dim 0 not): attention pooling over the steps of an `nn.LSTM` without
+    (as long as its targets, or the class indices a hand-written cross-entropy gathers, dim 0
+    not): attention pooling over the steps of an `nn.LSTM` without
     `batch_first`;
     weights over the batch of a 1-D tensor (hard-example weighting); a Gumbel-softmax over dim 0
     of a parameter (a concrete feature selector's (features, k) logits); a softmax on values without
