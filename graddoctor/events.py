@@ -1308,7 +1308,11 @@ sampled_scores     scores [{kind ("sim" a dot product | "dist" a distance), op (
                    gradient's mass that descent uses to raise the score's similarity; None: not
                    read), mass, names [str] (the frames' variables bound to it)}], draws {id:
                    {loc [path, line], fn}} (the script's random integer draws since the previous
-                   backward that a lookup read), line (the backward's line): a backward's loss
+                   backward that a lookup read), line (the backward's line), ranges (only
+                   present when not empty: [{draw, loc, fn, high (the bound the draw was asked
+                   for), rows (the embedding table its lookup reads), others [int] (the other
+                   tables' rows), data (the data's indices into the table counted), beyond (their
+                   share at high or above)}] per drawn lookup with high < rows): a backward's loss
                    scores embeddings looked up at indices the script drew at random — at the
                    2nd to 5th backwards (loc: the backward; an aside; instrument/negsample.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
@@ -2668,8 +2672,12 @@ def sample_range(*, critic: str, generator: str, activation: str, low: float, hi
                             "outside": outside, "how": how, "name": name}
 
 
-def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None) -> Made:
-    return "sampled_scores", {"scores": scores, "draws": draws, "line": line}
+def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None,
+                   ranges: list[dict] | None = None) -> Made:
+    data = {"scores": scores, "draws": draws, "line": line}
+    if ranges:
+        data["ranges"] = ranges
+    return "sampled_scores", data
 
 
 def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int], bounded: bool,
