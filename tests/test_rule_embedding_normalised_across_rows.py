@@ -93,3 +93,15 @@ def test_the_rule_warns_at_the_lookup_without_a_source():
 
 def test_the_rule_is_silent_without_the_event():
     assert findings(builder(params=[0, 1]), SLUG) == []
+
+
+def test_the_watcher_leaves_a_normalised_copy_alone():
+    torch.manual_seed(0)
+    weight = torch.randn(40, 6, requires_grad=True)
+    rec = _Rec()
+    w = fieldrows.FieldRowsWatcher(rec)
+    for step in range(1, 5):
+        rec.progress.steps = step
+        w._read_norms(F.normalize(weight, dim=0))  # read in the forward, never written back
+    w.close()
+    assert [made for made, _ in rec.emitted if made[0] == "table_columns_unit"] == []

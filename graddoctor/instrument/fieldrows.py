@@ -111,7 +111,8 @@ class FieldRowsWatcher:
     def _read_norms(self, weight) -> None:
         """A trained table's column and row norms, once per optimizer step (see the module's
         docstring)."""
-        if (weight.dim() != 2 or not weight.requires_grad or weight.device.type != "cpu"
+        if (weight.dim() != 2 or not weight.requires_grad or not weight.is_leaf
+                or weight.device.type != "cpu"
                 or not weight.is_floating_point() or not 2 <= weight.shape[1] < weight.shape[0]
                 or weight.numel() > UNIT_VALUES):
             return

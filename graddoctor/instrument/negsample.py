@@ -295,6 +295,7 @@ class NegativeSampleWatcher:
     def _look(self, root, fresh) -> None:
         # the lookups of the graph, and the draws each one's indices are
         lookups: dict = {}  # node -> [draw ids]
+        direct: set = set()  # the lookups whose indices are a draw itself (not read through a table)
         tables: list = []  # the calling frames' integer tables, read at the first unmatched lookup
         columns: dict = {}  # node -> (draw id, the index positions it is): drawn columns of a lookup
         anchors: dict = {}  # node -> the key of the indices it read (the same tensor: one key)
@@ -306,7 +307,9 @@ class NegativeSampleWatcher:
             idx = _indices(node)
             if idx is not None:
                 lookups[node] = self._matching(idx, fresh)
-                if not lookups[node]:
+                if lookups[node]:
+                    direct.add(node)
+                else:
                     if not tables:
                         tables.append(self._tables())
                     lookups[node] = self._through_tables(idx, fresh, tables[0])
@@ -367,20 +370,21 @@ class NegativeSampleWatcher:
             else:
                 handles.append(check_hook(node.register_hook(self._reader(record))))
         draws = {str(d[0]): {"loc": d[3], "fn": d[4]} for d in fresh if d[0] in used}
-        ranges = self._ranges(lookups, fresh)
+        ranges = self._ranges({node: lookups[node] for node in direct}, lookups, fresh)
         self._pending.append((records, draws, self.rec.here(), handles, ranges))
 
     @staticmethod
-    def _ranges(lookups, fresh) -> list:
-        """The drawn embedding lookups whose draw's bound is below their table's rows: the
-        bound, the rows, the other tables' rows and the share of the data's indices into the
-        table at the bound or above (``ranges`` of the aside)."""
+    def _ranges(drawn, lookups, fresh) -> list:
+        """The drawn embedding lookups (``drawn``: those whose indices are a draw itself) whose
+        draw's bound is below their table's rows: the bound, the rows, the other tables' rows
+        and the share of the data's indices into the table at the bound or above (``ranges`` of
+        the aside)."""
         tables = {node: _table(node) for node in lookups}
         tables = {node: table for node, table in tables.items() if table is not None}
         found = []
         by_id = {d[0]: d for d in fresh}
         for node, table in tables.items():
-            for draw_id in lookups[node]:
+            for draw_id in drawn.get(node, ()):
                 draw = by_id.get(draw_id)
                 high = draw[5] if draw is not None and len(draw) > 5 else None
                 if high is None or not 0 < high < table[1]:
