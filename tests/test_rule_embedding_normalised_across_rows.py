@@ -105,3 +105,7 @@ def test_the_watcher_leaves_a_normalised_copy_alone():
         w._read_norms(F.normalize(weight, dim=0))  # read in the forward, never written back
     w.close()
     assert [made for made, _ in rec.emitted if made[0] == "table_columns_unit"] == []
+
+
+def test_the_watcher_leaves_an_orthonormal_frame_alone():
+    assert _norms_told(lambda t: torch.linalg.qr(t).Q) == []

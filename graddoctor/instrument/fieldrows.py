@@ -28,7 +28,8 @@ norms of its columns and of its rows. A table whose every column has unit norm, 
 row, at ``UNIT_STEPS`` steps or more and at ``UNIT_SHARE`` of the steps it was read (an
 evaluation between a step and the renormalisation reads it unnormalised), is renormalised by the script after
 each update across its rows (``F.normalize(weight, dim=0)``: every feature scaled over all the
-entities) where a per-row constraint (TransE's unit entities) was meant. One
+entities) where a per-row constraint (TransE's unit entities) was meant; columns that are also
+orthogonal to each other (a Stiefel retraction's orthonormal frame) are meant. One
 ``table_columns_unit`` event per table, at the end of the run (loc: its first lookup read).
 """
 
@@ -56,6 +57,7 @@ COVER = 0.8  # the columns' sizes add up to at least this share of the table's r
 UNIT_VALUES = 1 << 22  # values of a table whose norms are read, at most
 UNIT_TABLES = 16  # tables followed for their norms, at most
 UNIT_TOL = 1e-4  # |norm - 1| of a unit column, at most
+ORTHONORMAL_TOL = 1e-4  # largest |cos| between two columns of a table kept orthonormal
 UNIT_STEPS = 3  # steps with unit columns, at least
 UNIT_SHARE = 0.75  # share of the steps read with unit columns, at least (a lookup between
 # the step and the script's renormalisation, an evaluation's, reads the table unnormalised)
@@ -137,7 +139,10 @@ class FieldRowsWatcher:
             rows = values.norm(dim=1)
             if bool(((columns - 1).abs() <= UNIT_TOL).all()) and \
                     not bool(((rows - 1).abs() <= 1e-3).all()):
-                table[5].add(steps)
+                gram = values.t() @ values
+                gram.fill_diagonal_(0)
+                if float(gram.abs().max()) > ORTHONORMAL_TOL:  # a frame kept orthonormal
+                    table[5].add(steps)  # (a QR retraction's) is meant to have unit columns
 
     def close(self) -> None:
         """The sites whose columns share the table's first rows, told once each."""

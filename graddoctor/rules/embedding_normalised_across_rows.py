@@ -83,7 +83,8 @@ class EmbeddingNormalisedAcrossRows(Rule):
     ## Stays silent on
     Rows normalised (`dim=1`, `dim=-1`, `renorm_(2, 0, 1.0)`, which bounds each row),
     `nn.Embedding(max_norm=1)`, a table normalised only once at initialisation, a square table,
-    a table whose rows and columns both have unit norm. Not judged: a normalised copy used in the
+    a table whose rows and columns both have unit norm, a table whose columns are kept
+    orthonormal (a QR retraction onto the Stiefel manifold). Not judged: a normalised copy used in the
     forward without writing it back (`F.normalize(weight, dim=0)[ids]`: no lookup reads the
     table), tables on an accelerator or of more than 4M values.
     """
