@@ -1211,6 +1211,11 @@ field_rows         api (nn.Embedding | F.embedding), rows (the table's), fields 
                    one table without their offsets — every column's ids start at the same place
                    and their sizes add up to about the table's rows — once per call site, at the
                    end of the run (loc: the lookup; instrument/fieldrows.py)
+table_columns_unit api (nn.Embedding | F.embedding), rows, cols (the table's), steps (the
+                   optimizer steps at which each of its columns had unit norm and not each of
+                   its rows), read (the steps it was read at): an embedding table renormalised after each update across its
+                   rows (F.normalize(weight, dim=0)) — once per table, at the end of the run (loc:
+                   its first lookup read after a step; instrument/fieldrows.py)
 cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis | unsorted | reversed),
                    key (the name of the per-row key read in the op's frames, or None), rows (the
                    normalizer's rows; for axis, the axis the rendering sums; or None), dim: a
@@ -1330,7 +1335,11 @@ sampled_scores     scores [{kind ("sim" a dot product | "dist" a distance), op (
                    gradient's mass that descent uses to raise the score's similarity; None: not
                    read), mass, names [str] (the frames' variables bound to it)}], draws {id:
                    {loc [path, line], fn}} (the script's random integer draws since the previous
-                   backward that a lookup read), line (the backward's line): a backward's loss
+                   backward that a lookup read), line (the backward's line), ranges (only
+                   present when not empty: [{draw, loc, fn, high (the bound the draw was asked
+                   for), rows (the embedding table its lookup reads), others [int] (the other
+                   tables' rows), data (the data's indices into the table counted), beyond (their
+                   share at high or above)}] per drawn lookup with high < rows): a backward's loss
                    scores embeddings looked up at indices the script drew at random — at the
                    2nd to 5th backwards (loc: the backward; an aside; instrument/negsample.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
@@ -2677,6 +2686,11 @@ def field_rows(*, api: str, rows: int, fields: int, calls: int, sizes: list[int]
                           "sizes": sizes, "covered": covered, "top": top}
 
 
+def table_columns_unit(*, api: str, rows: int, cols: int, steps: int, read: int) -> Made:
+    return "table_columns_unit", {"api": api, "rows": rows, "cols": cols, "steps": steps,
+                                  "read": read}
+
+
 def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
@@ -2703,8 +2717,12 @@ def sample_range(*, critic: str, generator: str, activation: str, low: float, hi
                             "outside": outside, "how": how, "name": name}
 
 
-def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None) -> Made:
-    return "sampled_scores", {"scores": scores, "draws": draws, "line": line}
+def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None,
+                   ranges: list[dict] | None = None) -> Made:
+    data = {"scores": scores, "draws": draws, "line": line}
+    if ranges:
+        data["ranges"] = ranges
+    return "sampled_scores", data
 
 
 def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int], bounded: bool,
@@ -2833,7 +2851,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "stream_interleaved": stream_interleaved,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
-    "field_rows": field_rows,
+    "field_rows": field_rows, "table_columns_unit": table_columns_unit,
     "aggregate_sum": aggregate_sum,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
@@ -2943,6 +2961,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "model_copy",  # what a copy of the model did over the run, written at the end
              "field_rows",  # a lookup site's fields over the run, written at the end
+             "table_columns_unit",  # a table's norms over the run, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs

@@ -156,6 +156,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_log_det_misses_positions_actnorm.py",  # log_det_positions
             "losses/bad_flow_dimension_untransformed_halves.py",  # flow_identity_dims
             "losses/bad_sampled_negatives_pushed_up_bpr.py",  # sampled_scores
+            "losses/bad_embedding_normalised_across_rows_cosine_items.py",  # table_columns_unit
             "losses/bad_loss_weight_kendall_unregularised.py",  # loss_weight_learned
             "losses/bad_mixed_reduction_betavae.py",  # batch_reduction
             "losses/bad_loss_term_constant_normalized_norm.py",  # constant_term

@@ -45,6 +45,13 @@ What is observed, at the first ``_WINDOWS`` backwards only:
   orientation, ``up`` and mass, and the names the calling frames bind to them, go to a ``sampled_scores`` aside per backward that
   had at least two scores and a drawn lookup. Which scores are the negatives (the ones
   reaching a draw the others do not) is decided by the rule.
+* **Ranges.** The upper bound a draw was asked for (``randint``'s ``high``, ``randperm``'s
+  ``n``) is kept with it. A drawn ``nn.Embedding`` lookup of a table with more rows than that
+  bound is told in the aside's ``ranges``: the bound, the table's rows, the row counts of the
+  other embedding tables the loss looks up, and the share of the data's indices into the table
+  (the lookup's positions the draw did not replace, and the table's undrawn lookups) at the
+  bound or above: rows the data uses and the negatives can never be
+  (negatives-drawn-out-of-range).
 
 CPU tensors only (a gradient on an accelerator is not read: no host sync). The wrappers are
 taken away after the windows.
@@ -113,6 +120,45 @@ def _as_ints(value):
         return None
 
 
+def _draw_high(fn: str, args, kwargs):
+    """The exclusive upper bound a draw was asked for (``randint(high, size)``,
+    ``randint(low, high, size)``, numpy's ``randint(low, high=None)``, ``randperm(n)``), else None."""
+    if fn not in ("randint", "randperm"):
+        return None
+    bounds = []
+    for arg in args:
+        if isinstance(arg, bool) or not isinstance(arg, int) and type(arg).__module__ != "numpy":
+            break
+        try:
+            bounds.append(int(arg))
+        except Exception:
+            break
+    if fn == "randperm":
+        return bounds[0] if bounds else None
+    high = kwargs.get("high")
+    if high is not None:
+        try:
+            return int(high)
+        except Exception:
+            return None
+    if len(bounds) == 1 and "low" not in kwargs:
+        return bounds[0]
+    if len(bounds) >= 2:
+        return bounds[1]
+    return None
+
+
+def _table(node):
+    """(key, rows) of the ``nn.Embedding`` weight an ``EmbeddingBackward0`` reads, else None."""
+    if type(node).__name__ != "EmbeddingBackward0":
+        return None
+    below = node.next_functions[0][0] if node.next_functions else None
+    weight = getattr(below, "variable", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return None
+    return id(weight), int(weight.shape[0])
+
+
 def _children(node):
     return [child for child, _ in node.next_functions if child is not None]
 
@@ -172,7 +218,7 @@ class NegativeSampleWatcher:
         self.rec = rec
         self._open = True
         self._window = 0  # backwards seen
-        self._draws: list = []  # [draw id, window, values, line]
+        self._draws: list = []  # [draw id, window, values, line, fn, high]
         self._next_id = 0
         self._busy = False
         self._pending: list = []  # (made, loc, records, handles) of a backward, emitted after it
@@ -207,7 +253,8 @@ class NegativeSampleWatcher:
                 self._draws = [d for d in self._draws if d[1] >= self._window]
                 loc = self.rec.finder.location(caller)
                 self._draws.append([self._next_id, self._window, values,
-                                    [loc.path, loc.line] if loc is not None else None, fn])
+                                    [loc.path, loc.line] if loc is not None else None, fn,
+                                    _draw_high(fn, args, kwargs)])
                 self._next_id += 1
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
@@ -248,6 +295,7 @@ class NegativeSampleWatcher:
     def _look(self, root, fresh) -> None:
         # the lookups of the graph, and the draws each one's indices are
         lookups: dict = {}  # node -> [draw ids]
+        direct: set = set()  # the lookups whose indices are a draw itself (not read through a table)
         tables: list = []  # the calling frames' integer tables, read at the first unmatched lookup
         columns: dict = {}  # node -> (draw id, the index positions it is): drawn columns of a lookup
         anchors: dict = {}  # node -> the key of the indices it read (the same tensor: one key)
@@ -259,7 +307,9 @@ class NegativeSampleWatcher:
             idx = _indices(node)
             if idx is not None:
                 lookups[node] = self._matching(idx, fresh)
-                if not lookups[node]:
+                if lookups[node]:
+                    direct.add(node)
+                else:
                     if not tables:
                         tables.append(self._tables())
                     lookups[node] = self._through_tables(idx, fresh, tables[0])
@@ -320,13 +370,44 @@ class NegativeSampleWatcher:
             else:
                 handles.append(check_hook(node.register_hook(self._reader(record))))
         draws = {str(d[0]): {"loc": d[3], "fn": d[4]} for d in fresh if d[0] in used}
-        self._pending.append((records, draws, self.rec.here(), handles))
+        ranges = self._ranges({node: lookups[node] for node in direct}, lookups, fresh)
+        self._pending.append((records, draws, self.rec.here(), handles, ranges))
+
+    @staticmethod
+    def _ranges(drawn, lookups, fresh) -> list:
+        """The drawn embedding lookups (``drawn``: those whose indices are a draw itself) whose
+        draw's bound is below their table's rows: the bound, the rows, the other tables' rows
+        and the share of the data's indices into the table at the bound or above (``ranges`` of
+        the aside)."""
+        tables = {node: _table(node) for node in lookups}
+        tables = {node: table for node, table in tables.items() if table is not None}
+        found = []
+        by_id = {d[0]: d for d in fresh}
+        for node, table in tables.items():
+            for draw_id in drawn.get(node, ()):
+                draw = by_id.get(draw_id)
+                high = draw[5] if draw is not None and len(draw) > 5 else None
+                if high is None or not 0 < high < table[1]:
+                    continue
+                values = draw[2]
+                idx = _indices(node).detach().reshape(-1).to(torch.int64)
+                data = [idx[idx != values]] if idx.numel() == values.numel() else []
+                data += [_indices(other).detach().reshape(-1).to(torch.int64)
+                         for other, theirs in tables.items()
+                         if theirs[0] == table[0] and not lookups[other]]
+                data = torch.cat(data) if data else torch.zeros(0, dtype=torch.int64)
+                others = sorted({theirs[1] for theirs in tables.values() if theirs[0] != table[0]})
+                found.append({"draw": draw_id, "loc": draw[3], "fn": draw[4], "high": high,
+                              "rows": table[1], "others": others, "data": int(data.numel()),
+                              "beyond": round(float((data >= high).float().mean()), 4)
+                              if data.numel() else 0.0})
+        return found
 
     def _matching(self, idx, fresh) -> list:
         found = []
         flat = None
         n = idx.numel()
-        for draw_id, _, values, _, _ in fresh:
+        for draw_id, _, values, *_ in fresh:
             m = values.numel()
             if m > n and m % n == 0 and m // n <= _ENDS and n >= _MIN_DRAWN:
                 # one end of a drawn edge list: the lookup reads a row (``neg[0]`` of a (2, E)
@@ -394,7 +475,7 @@ class NegativeSampleWatcher:
         n = idx.numel()
         found = []
         flat = None
-        for draw_id, _, values, _, _ in fresh:
+        for draw_id, _, values, *_ in fresh:
             if values.numel() != n or n < _MIN_DRAWN or int(values.min()) < 0:
                 continue
             top = int(values.max())
@@ -417,7 +498,7 @@ class NegativeSampleWatcher:
         if idx.dim() != 2:
             return None
         rows, cols = idx.shape
-        for draw_id, _, values, _, _ in fresh:
+        for draw_id, _, values, *_ in fresh:
             m = values.numel()
             if m % rows or not 0 < m // rows < cols:
                 continue
@@ -522,7 +603,7 @@ class NegativeSampleWatcher:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for records, draws, loc, handles in pending:
+        for records, draws, loc, handles, ranges in pending:
             for handle in handles:
                 try:
                     handle.remove()
@@ -530,7 +611,8 @@ class NegativeSampleWatcher:
                     pass
             if sum(1 for r in records if r["up"] is not None) >= 2:
                 self.rec.emit_aside(ev.sampled_scores(scores=records, draws=draws,
-                                                      line=getattr(loc, "line", None)), loc)
+                                                      line=getattr(loc, "line", None),
+                                                      ranges=ranges), loc)
 
     def _close(self) -> None:
         self._open = False
