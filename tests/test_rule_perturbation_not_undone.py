@@ -89,3 +89,12 @@ def test_the_rule_warns_at_the_step():
 
 def test_the_rule_needs_two_updates():
     assert findings(_trace(updates=1), SLUG) == []
+
+
+def test_a_restore_defeated_by_an_aliased_copy_is_left_to_the_copy_rule():
+    t = _trace()
+    t.put(ev.self_copy(params=[0, 1], how=".data =", steps=2), 25)
+    assert findings(t, SLUG) == []
+    t = _trace()
+    t.put(ev.self_copy(params=[0], how=".data =", steps=2), 25)  # one of the two restored
+    assert only(t, SLUG).location.line == 30

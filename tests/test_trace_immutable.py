@@ -97,6 +97,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_down_weighted_class_never_targeted_new_track.py",  # weighted_class_absent
             "dense/bad_loss_on_ignored_pixels_soft_iou.py",  # ignored_mask
             "masks/bad_mask_keeps_padding_token_loss.py",  # padding_kept
+            "masks/bad_mean_pools_padding_gru.py",  # padding_pooled
             "dense/bad_cells_read_transposed_centernet.py",  # cells_transposed
             "losses/bad_dropout_on_output.py",  # dropout_on_output
             "losses/bad_sample_weights_broadcast_bce.py",  # factor_broadcast

@@ -47,7 +47,9 @@ class PerturbationNotUndone(Rule):
     SAM, ASAM and GSAM that restore the weights (by subtracting `e`, or from a clone) before the
     base step; weights moved between backwards by an optimizer step (a GAN's players, Lookahead's
     sync); a pruning mask re-applied to weights it already zeroed; a single update that keeps
-    it (it must be seen in two). Not seen: GPU parameters (their values are not read).
+    it (it must be seen in two); a restore from a copy that is the weights' own memory (`p.data
+    = saved` where `saved` was `p.data`: `weight-copy-aliases-params` reports that copy).
+    Not seen: GPU parameters (their values are not read).
     """
 
     code = "GD422"
@@ -59,8 +61,11 @@ class PerturbationNotUndone(Rule):
 
     def check(self, a):
         hits: dict = {}  # step line -> [event]
+        # weights the script writes back onto themselves: it meant to restore them, from a copy
+        # that is their own memory (weight-copy-aliases-params reports that copy)
+        self_copied = {pid for e in a.of_kind("self_copy") for pid in e.get("params") or ()}
         for e in a.of_kind("weights_edit_kept"):
-            if e.loc is None:
+            if e.loc is None or (self_copied and set(e["params"]) <= self_copied):
                 continue
             hits.setdefault((e.loc.path, e.loc.line), []).append(e)
         for _key, seen in hits.items():
