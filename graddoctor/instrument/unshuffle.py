@@ -17,7 +17,8 @@ picked ``k < L`` distinct positions per row of as many rows. The unshuffle is ri
 the ``j``-th kept token at the position it was picked from (``restore[r, keep[r, j]] == j``);
 one ``unshuffle_misplaced`` aside event (loc: the backward) when that holds for fewer than
 ``_PLACED`` of the kept tokens. Cost: a walk of the loss's graph at the first backwards of each
-line, and a comparison of two index tensors; CPU indices only.
+line among the run's first ``_WINDOW`` backwards (and a later phase's, ``LossWindow``), and a
+comparison of two index tensors; CPU indices only; nothing after them.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved, signed
+from .losswindow import LossWindow
 from .lossterms import PerLine, loss_roots
 from .recorder import Recorder
 
 _LOOKED = 2  # backwards of each line looked at
+_WINDOW = 8  # backwards of the run (and of each later phase) looked at, all lines together
 _LINES = 8  # backward lines looked at, at most
 _NODES = 4096  # nodes of the loss's graph walked
 _BELOW = 4096  # nodes walked below the cat for the gather that kept the tokens
@@ -86,14 +89,18 @@ class UnshuffleWatcher:
         self.rec = rec
         self._lines = PerLine(_LOOKED, _LINES)
         self._told: set = set()
+        # the first backwards of the run (and of each later phase), then off the topic: no call
+        # per backward in the steady state
+        self.loss_window = LossWindow(rec, _WINDOW, self.describe_loss)
 
     def describe_loss(self, tensors) -> dict:
-        if self._lines.exhausted:
+        if not self.loss_window.take() or self._lines.exhausted:
             return {}
         try:
             loc = self.rec.here()
-            if loc not in self._told and self._lines.admit(loc):
-                self._judge(tensors, loc)
+            if loc in self._told or not self._lines.admit(loc):
+                return {}
+            self._judge(tensors, loc)
         except Exception as exc:
             self.rec.internal_error("unshuffle", exc)
         return {}
