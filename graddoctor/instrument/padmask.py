@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import post_order, saved, saved_dims
+from .graphpaths import post_order, saved, saved_dims, signed
 from .losswindow import LossWindow
 from .recorder import Recorder
 
@@ -197,6 +197,7 @@ def _pooled_over_padding(order: list, shapes: dict):
         if len(sizes) < 3 or len(dims) != 1:
             continue
         axis = dims[0] % len(sizes)
+        below = None  # the mean's subgraph, walked once for every token batch it may hold
         for shape, (tokens, fill) in shapes.items():
             rows, length = shape
             if rows == length or sizes[axis] != length:
@@ -207,14 +208,16 @@ def _pooled_over_padding(order: list, shapes: dict):
                 layout = "length-first"
             else:
                 continue
-            found = _lookup_path(mean, tokens)
+            if below is None:
+                below = post_order(mean, _NODES) or []
+            found = _lookup_path(below, mean, tokens)
             if found is None:
                 continue
             path, lookup = found
             if _mask_between(path, shape):
                 continue
             pad = saved(lookup, "_saved_padding_idx")
-            zero_rows = isinstance(pad, int) and pad < (1 << 63) and int(pad) == int(fill)
+            zero_rows = isinstance(pad, int) and signed(pad) == int(fill)  # -1: no padding_idx
             if zero_rows and all(type(n).__name__ in _ZERO_KEEPING for n in path):
                 continue  # zeros averaged in: a scale by the length only
             with torch.no_grad():
@@ -222,12 +225,9 @@ def _pooled_over_padding(order: list, shapes: dict):
             yield shape, fill, padded, layout
 
 
-def _lookup_path(mean, tokens: torch.Tensor):
+def _lookup_path(order: list, mean, tokens: torch.Tensor):
     """``(the nodes between the mean and the lookup, the lookup)`` for the embedding lookup of
-    ``tokens`` below ``mean``; None when there is none within ``_NODES`` nodes."""
-    order = post_order(mean, _NODES)
-    if not order:
-        return None
+    ``tokens`` in ``order`` (the mean's subgraph, inputs first); None when there is none."""
     above: set = set()  # nodes with the lookup below them
     lookup = None
     for node in order:  # inputs first
