@@ -286,12 +286,24 @@ def test_a_bare_eval_in_another_function_is_not_the_line_reported(tmp_path):
     assert finding.location.line == 8 and finding.fix == EvalInTrainMode.fix
 
 
-@pytest.mark.parametrize("statement", ["model(x)", "_ = model(x)"])
+@pytest.mark.parametrize("statement", ["model(x)", "_ = model(x)", "output = model(x)"])
 def test_a_no_grad_pass_whose_result_nothing_keeps_re_estimates_statistics(tmp_path, statement):
     path = tmp_path / "train.py"
     path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n\n\n"
                     f"with torch.no_grad():\n    {statement}\n")
     assert check(EvalInTrainMode, _validation_after_update(path)) == []
     path.write_text("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n\n\n"
-                    "with torch.no_grad():\n    out = model(x)\n")  # kept: a validation pass
+                    "with torch.no_grad():\n    out = model(x)\nprint(out.argmax(1))\n")  # kept: a validation pass
+    assert lines(check(EvalInTrainMode, _validation_after_update(path))) == [8]
+
+
+def test_a_result_bound_to_a_name_its_function_never_reads_is_dropped(tmp_path):
+    """SWA's original bn_update: ``output = model(input)`` in a function that never reads
+    ``output`` re-estimates the statistics; the same binding read in its function is kept."""
+    path = tmp_path / "train.py"
+    body = ("model.train()\nout = model(x)\nloss.backward()\nopt.step()\ndef bn_update(loader):\n"
+            "    for x, _ in loader:\n        with torch.no_grad():\n            output = model(x)\n")
+    path.write_text(body)
+    assert check(EvalInTrainMode, _validation_after_update(path)) == []
+    path.write_text(body + "        print(output.shape)\n")
     assert lines(check(EvalInTrainMode, _validation_after_update(path))) == [8]

@@ -783,7 +783,8 @@ def bound_to_underscore(path: str, line: int) -> bool:
 
 def result_dropped(path: str, line: int) -> bool:
     """Whether the statement on ``line`` is a call whose result nothing keeps: a bare call
-    statement (``model(x)``) or one bound to ``_`` alone. A forward run that way is run for
+    statement (``model(x)``), one bound to ``_`` alone, or one bound to a name that nothing in
+    its function reads. A forward run that way is run for
     what it does on the way (BatchNorm statistics re-estimated, a hook's capture), not for
     its output."""
     tree = _parse(path)
@@ -792,7 +793,28 @@ def result_dropped(path: str, line: int) -> bool:
     node = _statement_at(tree, line)
     if isinstance(node, ast.Expr):
         return isinstance(node.value, ast.Call)
+    if _bound_and_never_read(tree, node, line):
+        return True
     return bound_to_underscore(path, line)
+
+
+def _bound_and_never_read(tree: ast.AST, node, line: int) -> bool:
+    """``output = model(x)`` where nothing in the function holding it (the whole file at module
+    level) ever reads ``output``: the result is bound by habit and dropped all the same (SWA's
+    original ``bn_update`` loop)."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
+        return False
+    if any(isinstance(sub, ast.Call) for sub in walk(node.value.func)):
+        return False  # model(x).argmax(1): the forward's result is used, then the answer bound
+    name = node.targets[0].id
+    scope = _enclosing_function(tree, line)
+    for sub in walk(scope):
+        if isinstance(sub, ast.Name) and sub.id == name and not isinstance(sub.ctx, ast.Store):
+            return False
+        if isinstance(sub, (ast.Global, ast.Nonlocal)) and name in sub.names:
+            return False
+    return True  # a function's local (no global/nonlocal) is read nowhere but in it
 
 
 def bound_beside(path: str, line: int, name: str) -> list[str]:

@@ -14,7 +14,8 @@ class EvalInTrainMode(Rule):
     without parentheses above it in the same function (or epoch loop): that no-op is the bug.
     Deliberate recalibration (`torch.optim.swa_utils.update_bn`, a pass after
     `reset_running_stats()`, `momentum=None`, a forward whose result nothing keeps:
-    `model(x)` as a statement of its own, run only to re-estimate the statistics)
+    `model(x)` as a statement of its own, or `output = model(x)` whose name its function
+    never reads, run only to re-estimate the statistics)
     and no-grad forwards inside an update (a GAN's fake batch, a teacher's targets) are not
     reported. Nor is a GAN's preview: one no-grad call (no loop over batches) of a network
     whose layers no `eval()` call covers anywhere in the run, in a run where two optimizers
@@ -50,7 +51,8 @@ class EvalInTrainMode(Rule):
     ## Stays silent on
     `swa_utils.update_bn` and statistics re-estimated after `reset_running_stats()`, or by a
     no-grad pass in train mode whose forward's result nothing keeps (`for x, _ in loader:
-    model(x)`, BatchNorm statistics recomputed on clean training images); a
+    model(x)`, BatchNorm statistics recomputed on clean training images; SWA's original
+    `bn_update`, whose `output = model(input)` nothing reads); a
     teacher in eval mode under `no_grad`; a momentum encoder (MoCo, BYOL) run under
     `no_grad` inside the training forward, in train mode, EMA-updated; a GAN whose models
     stay in train mode; BatchNorm without running statistics; a model with no BatchNorm or
