@@ -107,3 +107,30 @@ def test_the_default_mode_or_no_metric_beside_keep_the_construction(tmp_path):
     assert only(t, SLUG).location.line == 5  # the mode was never chosen: change it
     t = _run_beside(tmp_path, 'plateau = ReduceLROnPlateau(optimizer, mode="min")', "n, val_f1 = evaluate()")
     assert only(t, SLUG).location.line == 5
+
+
+def _two_schedulers_one_line(tmp_path, step_line: str):
+    """sched_a (mode="max") fed an F1 and sched_b (mode="min") fed a loss, both stepped on
+    line 20; each scheduler's step is read at the call on its own name."""
+    path = tmp_path / "train.py"
+    path.write_text("\n" * 4 + 'sched_a = ReduceLROnPlateau(opt_a, mode="max")\n'
+                    + 'sched_b = ReduceLROnPlateau(opt_b, "min")\n' + "\n" * 13 + step_line + "\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1)
+    sched_init(t, cls="ReduceLROnPlateau", sched=0, lrs=(0.1,), line=5)
+    sched_init(t, cls="ReduceLROnPlateau", sched=1, lrs=(0.1,), line=6)
+    for f1, loss in zip([0.5, 0.6, 0.7], [1.0, 0.8, 0.6]):
+        for _ in range(3):
+            update(t, lr=0.1)
+        t.put(ev.scheduler_step(sched=0, cls="ReduceLROnPlateau", opt=0, lrs=[0.1], metric="number",
+                                value=f1, mode="max"), 20)
+        t.put(ev.scheduler_step(sched=1, cls="ReduceLROnPlateau", opt=0, lrs=[0.1], metric="number",
+                                value=loss, mode="min"), 20)
+    return t
+
+
+def test_each_scheduler_stepped_on_a_shared_line_is_read_at_its_own_call(tmp_path):
+    assert findings(_two_schedulers_one_line(tmp_path, "sched_a.step(val_f1); sched_b.step(val_loss)"), SLUG) == []
+    # the metrics handed the other way round: both are reported, each at its own construction
+    t = _two_schedulers_one_line(tmp_path, "sched_a.step(val_loss); sched_b.step(val_f1)")
+    assert sorted(f.location.line for f in findings(t, SLUG)) == [5, 6]

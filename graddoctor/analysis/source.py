@@ -59,8 +59,12 @@ class ScriptSource:
     def called_object(self, path: str, line: int, method: str) -> str | None:
         return called_object(self.full(path), line, method)
 
-    def call_argument(self, path: str, line: int, function: str, position: int, keyword: str) -> str | None:
-        return call_argument(self.full(path), line, function, position, keyword)
+    def call_argument(self, path: str, line: int, function: str, position: int, keyword: str,
+                      receiver: str | None = None) -> str | None:
+        return call_argument(self.full(path), line, function, position, keyword, receiver)
+
+    def method_receivers(self, path: str, line: int, method: str) -> list[str]:
+        return method_receivers(self.full(path), line, method)
 
     def keyword_line(self, path: str, line: int, keyword: str) -> tuple[int, str] | None:
         return keyword_line(self.full(path), line, keyword)
@@ -722,11 +726,14 @@ def called_object(path: str, line: int, method: str) -> str | None:
     return None
 
 
-def call_argument(path: str, line: int, function: str, position: int, keyword: str) -> str | None:
+def call_argument(path: str, line: int, function: str, position: int, keyword: str,
+                  receiver: str | None = None) -> str | None:
     """The source text of an argument of a call of ``function`` (a plain or dotted name ending
     so: ``clip_grad_norm_`` matches ``torch.nn.utils.clip_grad_norm_``) on ``line``, given at
     ``position`` or as ``keyword=``: ``args.clip`` in ``clip_grad_norm_(params, args.clip)``.
-    None when the source cannot be read or shows no such call and argument there."""
+    With ``receiver``, only a method call on that object counts (``sched_b.step(val_loss)``
+    beside ``sched_a.step(val_f1)`` on one line). None when the source cannot be read or shows
+    no such call and argument there."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -736,12 +743,27 @@ def call_argument(path: str, line: int, function: str, position: int, keyword: s
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
         if name != function:
             continue
+        if receiver is not None and not (isinstance(node.func, ast.Attribute)
+                                         and ast.unparse(node.func.value) == receiver):
+            continue
         for kw in node.keywords:
             if kw.arg == keyword:
                 return ast.unparse(kw.value)
         if len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
             return ast.unparse(node.args[position])
     return None
+
+
+def method_receivers(path: str, line: int, method: str) -> list[str]:
+    """The objects whose ``method`` the statements on ``line`` call, in source order
+    (``["sched_a", "sched_b"]`` for ``sched_a.step(f1); sched_b.step(loss)``)."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    calls = [node for node in walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr == method and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    return [ast.unparse(c.func.value) for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset))]
 
 
 def keyword_line(path: str, line: int, keyword: str) -> tuple[int, str] | None:

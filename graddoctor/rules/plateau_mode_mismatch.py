@@ -120,8 +120,7 @@ class PlateauModeMismatch(Rule):
             s = a.schedulers.get(sched)
             mode = steps[0]["mode"]
             first = steps[0]
-            text = (a.source.call_argument(first.loc.path, first.loc.line, "step", 0, "metrics")
-                    if first.loc is not None else None)
+            text = _metric_text(a, s, first)
             direction = metric_direction(text)
             if direction is None or direction == mode:
                 continue
@@ -169,6 +168,24 @@ class PlateauModeMismatch(Rule):
                 fix=fix,
                 evidence={"mode": mode, "metric": shown, "direction": direction,
                           "values": values[:8], "cut": cut is not None})
+
+
+def _metric_text(a, s, first) -> str | None:
+    """The source text of the metric this scheduler's step was fed. A line that steps several
+    schedulers (``s_a.step(val_f1); s_b.step(val_loss)``) is read at the call on the name the
+    scheduler was assigned to; when that name is not among them, the line is not judged."""
+    if first.loc is None:
+        return None
+    path, line = first.loc.path, first.loc.line
+    receivers = set(a.source.method_receivers(path, line, "step"))
+    if len(receivers) <= 1:
+        return a.source.call_argument(path, line, "step", 0, "metrics")
+    init = s.init if s is not None else None
+    name = (a.source.assigned_name(init.loc.path, init.loc.line)
+            if init is not None and init.loc is not None else None)
+    if name not in receivers:
+        return None
+    return a.source.call_argument(path, line, "step", 0, "metrics", receiver=name)
 
 
 def _improvement_counted_as_none(steps, direction):
