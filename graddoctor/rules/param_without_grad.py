@@ -96,6 +96,9 @@ class ParamWithoutGrad(Rule):
     Layers below a custom `autograd.Function` whose backward returns its gradients out of
     forward's argument order (None where a gradient is needed): custom-backward-wrong names the
     `return` that drops them.
+    A `.detach()` in the function that calls the model but after that function's own backward
+    (`return loss.detach().cpu().item()` for logging) is not taken for the cut: it cuts only
+    what was already backpropagated (an unused library pooler beside CLS pooling stays silent).
     An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
     in `forward`): it holds no weight to train. A stack loop that adds each block's forecast
     to its sum and hands each block the running residual (the last backcast unread), or that
