@@ -17,7 +17,7 @@ def check(t):
     return list(ParamWithoutGrad().check(Analysis(t.trace)))
 
 
-def run(t, steps=3, idle=(1, 2), forwards=()):
+def run(t, steps=3, idle=(1, 2), forwards=(), backward_line=20):
     """An optimizer at line 5 owning 0, 1, 2; pid 0 trains; ``forwards``: (step index, line,
     kwargs of idle_forward) recorded before that step's backward."""
     t.optimizer(0, [0, 1, 2], line=5)
@@ -28,7 +28,7 @@ def run(t, steps=3, idle=(1, 2), forwards=()):
                             training=True)
                 data.update(kw)
                 t.put(ev.idle_forward(**data), line)
-        t.backward(fresh=[0], line=20)
+        t.backward(fresh=[0], line=backward_line)
         t.step(0, line=21, without_grad=list(idle))
 
 
@@ -412,3 +412,36 @@ def test_a_stack_loop_that_overwrites_its_sum_or_never_reads_its_residual(init, 
     text = _STACK.format(init=init, given=given, update=update)
     cause = {"outer": [["m.py", 5]]}
     assert _stack_loop_miswired(_A(text), cause) == expected
+
+
+CALLER_SOURCE = """\
+class Net(nn.Module):
+    def forward(self, x):
+        h = self.body(x)
+        return [self.head(h), self.aux(h)]
+
+def run_iteration(model, x):
+    out = model(x)
+    loss = out[0].sum()
+    loss.backward()
+    return loss.detach().cpu().numpy()
+"""
+
+
+@pytest.mark.parametrize("backward_line, cause, severity", [
+    # the backward ran in the caller before its .detach(): the detach cuts only the logged loss,
+    # so the aux head's output is simply unused (a deep-supervision output weighted 0)
+    (9, "discarded", Severity.INFO),
+    # no backward between the call and the .detach(): the detach may be the cut
+    (20, "cut-by-caller", Severity.WARNING),
+])
+def test_a_callers_detach_after_its_own_backward_is_not_the_cut(tmp_path, backward_line, cause, severity):
+    path = tmp_path / "model.py"
+    path.write_text(CALLER_SOURCE)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(("model.body.weight", "model.aux.weight", "model.aux.bias")):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    run(t, forwards=[(1, 4, {"outer": [[str(path), 7]]})], backward_line=backward_line)
+    [f] = check(t)
+    assert f.evidence["cause"] == cause and f.severity == severity
+    assert ("takes its output through" in f.message) == (cause == "cut-by-caller")

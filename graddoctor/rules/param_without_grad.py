@@ -96,6 +96,9 @@ class ParamWithoutGrad(Rule):
     Layers below a custom `autograd.Function` whose backward returns its gradients out of
     forward's argument order (None where a gradient is needed): custom-backward-wrong names the
     `return` that drops them.
+    A `.detach()` in the function that calls the model but after that function's own backward
+    (`return loss.detach().cpu().item()` for logging) is not taken for the cut: it cuts only
+    what was already backpropagated (an unused library pooler beside CLS pooling stays silent).
     An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
     in `forward`): it holds no weight to train. A stack loop that adds each block's forecast
     to its sum and hands each block the running residual (the last backcast unread), or that
@@ -653,10 +656,20 @@ def _outer_cut(a, cause) -> tuple[Location, str] | None:
     if not outer:
         return None
     path, line = outer[0]
-    if a.source.enclosing_function(path, line) is None:
+    caller = a.source.enclosing_function(path, line)
+    if caller is None:
         return None
     found = a.source.cut_after(path, line)
-    return (Location(path, found[0]), found[1]) if found is not None else None
+    if found is None:
+        return None
+    # a cut after a backward that ran in the same function cuts what was already
+    # backpropagated (`return loss.detach().cpu().numpy()` for logging): not what kept the
+    # gradient from the module
+    for b in a.of_kind("backward"):
+        if (b.loc is not None and b.loc.path == path and line < b.loc.line < found[0]
+                and a.source.enclosing_function(path, b.loc.line) == caller):
+            return None
+    return Location(path, found[0]), found[1]
 
 
 def _no_grad_block(a, cause) -> tuple[Location, str] | None:
