@@ -432,10 +432,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
-loader = DataLoader(TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
+loader = DataLoader(TensorDataset(torch.randn({n}, 4), torch.randn({n}, 1)), batch_size=4)
 model = nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-num_epochs, accum = {epochs}, 4
+num_epochs, accum = {epochs}, {accum}
 steps = {steps}
 scheduler = torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=steps, power=1.0)
 for epoch in range(num_epochs):
@@ -448,9 +448,9 @@ for epoch in range(num_epochs):
 """
 
 
-def _accumulated(tmp_path, steps, epochs):
+def _accumulated(tmp_path, steps, epochs, n=256, accum=4):
     script = tmp_path / "train.py"
-    script.write_text(ACCUMULATED.format(steps=steps, epochs=epochs))
+    script.write_text(ACCUMULATED.format(steps=steps, epochs=epochs, n=n, accum=accum))
     report = run_check(CheckOptions(target=str(script)))
     return [f for f in report.findings if f.rule in NEIGHBOURS]
 
@@ -472,3 +472,11 @@ def test_a_decay_to_zero_sized_in_one_epoch_of_accumulated_updates(tmp_path):
 ])
 def test_a_decay_over_the_run_of_accumulated_updates_is_silent(tmp_path, steps, epochs):
     assert _accumulated(tmp_path, steps, epochs) == []
+
+
+def test_a_whole_run_length_read_from_the_shortened_replay_is_silent(tmp_path):
+    """25 batches an epoch, 3 accumulated: the replay's shorter len(loader) gives a whole-run
+    length that is also a multiple of the real epoch's updates (18 = 3 x 6 = 2 x 9); a length
+    that covers every planned epoch in one reading is sized over the run."""
+    assert _accumulated(tmp_path, "num_epochs * math.ceil(len(loader) / accum)", 3, n=100,
+                        accum=3) == []

@@ -875,8 +875,12 @@ def _ends_before_run(s: Schedule, plan: Plan, at: int, what: str, arg: str, valu
     if unit is None and plan.k > 1:
         # under accumulation over k batches, a count of one epoch's optimizer steps
         # (len(loader) // k, math.ceil(len(loader) / k)) times a number of epochs
-        unit = next((n for length in plan.lengths for n in (length // plan.k, -(-length // plan.k))
-                     if n >= 2 and at % n == 0), None)
+        units = [n for length in plan.lengths for n in (length // plan.k, -(-length // plan.k))
+                 if n >= 2 and at % n == 0]
+        if any(at // n >= plan.epochs for n in units):
+            return None  # every planned epoch of some reading of len(loader) (the replay's or
+            # the real one, floor or ceil): sized over the whole run
+        unit = units[0] if units else None
         accumulated = plan.k
     if unit is None:
         return None

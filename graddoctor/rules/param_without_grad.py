@@ -166,9 +166,15 @@ class ParamWithoutGrad(Rule):
             # one finding per call line and cause (the layers of one Sequential share its line);
             # the parameters whose module was never seen running keep the optimizer's line
             by_cause: dict = {}  # (loc, cut) | None -> (the forward that explains them, [pid])
+            # a Lightning run with no backward at all: one cause (training_step returns no
+            # loss) for every layer, told once at training_step whatever forward ran them
+            unreturned = (a.backward_calls == 0 and a.framework == "lightning"
+                          and not _manual_steps(steps))
             for pid in idle:
                 cause = _cause(pid, forwards)
                 key = None if cause is None else (cause.loc, _with_grad(cause))
+                if unreturned and cause is not None and _with_grad(cause):
+                    key = "no_backward"
                 by_cause.setdefault(key, (cause, []))[1].append(pid)
             trained = [pid for pid in a.opt_params[opt]
                        if pid in led.first_contribution or pid in had_grad]
