@@ -4,6 +4,7 @@ the look-alikes it stays silent on."""
 from __future__ import annotations
 
 from graddoctor.findings import Severity
+from graddoctor.rules.clip_in_accumulation import ClipInAccumulation
 from graddoctor.trace import TraceBuilder
 from rule_traces import P, builder, clip, findings, only
 
@@ -48,3 +49,53 @@ def test_gan_generator_backward_after_discriminator_clip_is_silent():
         t.backward(fresh=[1], accumulated=[0])  # G's loss flows through D too
         t.step(1)
     assert findings(t, "clip-in-accumulation") == []
+
+
+ORDER_SOURCE = """import torch
+for epoch in range(3):
+    for i, (x, y) in enumerate(loader):
+        loss = model(x).sum() / 4
+        if (i + 1) % 4 == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def _order_trace(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(ORDER_SOURCE)
+    t = TraceBuilder(path=str(path))
+    t.optimizer(0, P, line=1)
+    for window in range(2):
+        t.backward(fresh=P, line=7)
+        for _ in range(2):
+            t.backward(accumulated=P, line=7)
+        clip(t, line=6)  # the window's last micro-batch: clipped before its own backward
+        t.backward(accumulated=P, line=7)
+        t.step(line=9)
+        t.clear(P, line=10)
+    return t
+
+
+def test_clip_before_its_own_iterations_backward_says_the_order(tmp_path):
+    """The clip is already at the window's boundary; what is wrong is that this micro-batch's
+    backward comes after it. The fix names the order, not a boundary the script already has."""
+    f = only(_order_trace(tmp_path), "clip-in-accumulation")
+    assert f.location.line == 6 and f.evidence["order"] == "clip_before_own_backward"
+    assert "before the backward at line 7 of the same iteration" in f.message
+    assert "call loss.backward() before the clip" in f.fix and "sync_gradients" not in f.fix
+    assert ClipInAccumulation().autofix(f, None) is None
+
+
+def test_clip_every_micro_batch_keeps_the_boundary_fix():
+    t = builder()
+    t.backward(fresh=P, line=20)
+    clip(t, line=21)
+    t.backward(accumulated=P, line=20)
+    clip(t, line=21)
+    t.step(line=23)
+    f = only(t, "clip-in-accumulation")
+    assert "order" not in f.evidence and "right before optimizer.step()" in f.fix

@@ -445,3 +445,44 @@ def test_a_callers_detach_after_its_own_backward_is_not_the_cut(tmp_path, backwa
     [f] = check(t)
     assert f.evidence["cause"] == cause and f.severity == severity
     assert ("takes its output through" in f.message) == (cause == "cut-by-caller")
+LIT_SOURCE = """import lightning as L
+
+
+class Lit(L.LightningModule):
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.log("train_loss", loss)
+{tail}
+"""
+
+
+def _lightning_no_backward(tmp_path, tail=""):
+    path = tmp_path / "lit.py"
+    path.write_text(LIT_SOURCE.format(tail=tail))
+    t = TraceBuilder(path=str(path))
+    t.via, t.hook = "lightning", "configure_optimizers"
+    t.optimizer(0, [0, 1], line=14)
+    for i in range(3):
+        t.put(ev.idle_forward(mid=0, cls="Linear", params=[0, 1], grad=True, inference=False,
+                              training=True), 6)
+        t.step(0, line=14, without_grad=[0, 1])
+    [f] = check(t)
+    return f
+
+
+def test_lightning_training_step_without_return_points_at_its_loss(tmp_path):
+    """The layers run in forward(), but the return is missing in training_step: the finding
+    points at the loss training_step computes, with the forward beside it."""
+    f = _lightning_no_backward(tmp_path)
+    assert f.severity == Severity.ERROR and f.location.line == 11
+    assert [r.location.line for r in f.related][0] == 6 and "return loss" in f.fix
+
+
+def test_lightning_training_step_that_returns_a_value_keeps_the_forward(tmp_path):
+    f = _lightning_no_backward(tmp_path, tail="        return {'log': loss.item()}")
+    assert f.location.line == 6

@@ -423,3 +423,60 @@ def test_a_bare_batch_count_of_a_long_pass_stepped_per_epoch_is_still_reported(t
     f = _one(_short_pass(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=640, "
                                    "gamma=0.1)", n=256, epochs=12))
     assert f.evidence["side"] == "still"
+
+
+ACCUMULATED = """
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn({n}, 4), torch.randn({n}, 1)), batch_size=4)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+num_epochs, accum = {epochs}, {accum}
+steps = {steps}
+scheduler = torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=steps, power=1.0)
+for epoch in range(num_epochs):
+    for i, (x, y) in enumerate(loader):
+        (F.mse_loss(model(x), y) / accum).backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+"""
+
+
+def _accumulated(tmp_path, steps, epochs, n=256, accum=4):
+    script = tmp_path / "train.py"
+    script.write_text(ACCUMULATED.format(steps=steps, epochs=epochs, n=n, accum=accum))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule in NEIGHBOURS]
+
+
+def test_a_decay_to_zero_sized_in_one_epoch_of_accumulated_updates(tmp_path):
+    """Accumulation over 4 batches: `len(loader) // accum` is one epoch's optimizer steps, so in
+    a 3-epoch run the lr is 0 for the last two. The finding points at the line computing the
+    length, and the fix rewrites it over the run with the script's names."""
+    f = _one(_accumulated(tmp_path, "len(loader) // accum", 3))
+    assert f.evidence["side"] == "ends" and f.location.line == 12
+    assert "optimizer steps of one epoch" in f.message and "4 accumulated per step" in f.message
+    assert "steps = num_epochs * math.ceil(len(loader) / accum)" in f.fix
+    assert [r.location.line for r in f.related][:1] == [13]
+
+
+@pytest.mark.parametrize("steps, epochs", [
+    ("num_epochs * math.ceil(len(loader) / accum)", 3),  # the whole run
+    ("len(loader) // accum", 1),  # one epoch's updates in a one-epoch run
+])
+def test_a_decay_over_the_run_of_accumulated_updates_is_silent(tmp_path, steps, epochs):
+    assert _accumulated(tmp_path, steps, epochs) == []
+
+
+def test_a_whole_run_length_read_from_the_shortened_replay_is_silent(tmp_path):
+    """25 batches an epoch, 3 accumulated: the replay's shorter len(loader) gives a whole-run
+    length that is also a multiple of the real epoch's updates (18 = 3 x 6 = 2 x 9); a length
+    that covers every planned epoch in one reading is sized over the run."""
+    assert _accumulated(tmp_path, "num_epochs * math.ceil(len(loader) / accum)", 3, n=100,
+                        accum=3) == []

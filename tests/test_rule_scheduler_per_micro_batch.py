@@ -57,3 +57,26 @@ def test_under_accelerate_the_fix_is_to_prepare_the_scheduler(monkeypatch):
     monkeypatch.chdir(os.path.join(FIXTURES, "frameworks"))
     (f,) = [f for f in run_check(options_for(name, [])).findings if f.rule == SLUG]
     assert "accelerator.prepare()" in f.fix and "inside the accumulation boundary" not in f.fix
+
+
+def test_under_accelerate_a_step_inside_accumulate_points_at_prepare(monkeypatch):
+    """The raw scheduler is stepped where accelerate's examples step the prepared one (inside
+    `with accelerator.accumulate(...)`): the line to change is the prepare call that leaves it
+    out, with the step() beside it."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed")
+    from conftest import FIXTURES
+    from test_fixtures import options_for, reset_accelerate_state
+    from graddoctor.run.session import run_check
+
+    reset_accelerate_state()
+    name = "bad_accelerate_scheduler_left_out_of_prepare.py"
+    monkeypatch.chdir(os.path.join(FIXTURES, "frameworks"))
+    (f,) = [f for f in run_check(options_for(name, [])).findings if f.rule == SLUG]
+    assert f.location.line == 17 and f.related[0].location.line == 24
+    assert "accelerator.prepare()" in f.fix

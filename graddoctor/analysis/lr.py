@@ -796,6 +796,7 @@ class Misfit:
     cycles: float | None  # a cosine's full cycles over the run
     real_length: int | None = None  # still: its length in a real run (len(loader) was the replay's)
     by_updates: bool = False  # still: its length is the run's optimizer steps (Lightning's max_steps)
+    accumulated: int = 1  # ends: sized in one epoch's optimizer steps of this many accumulated batches
 
 
 def _gamma(args) -> float | None:
@@ -870,16 +871,27 @@ def _ends_before_run(s: Schedule, plan: Plan, at: int, what: str, arg: str, valu
     if s.parent is not None or not plan.per_epoch or not plan.epochs or not _decays_to_zero(s):
         return None
     unit = next((n for n in plan.lengths if n >= 2 and at % n == 0), None)
+    accumulated = 1
+    if unit is None and plan.k > 1:
+        # under accumulation over k batches, a count of one epoch's optimizer steps
+        # (len(loader) // k, math.ceil(len(loader) / k)) times a number of epochs
+        units = [n for length in plan.lengths for n in (length // plan.k, -(-length // plan.k))
+                 if n >= 2 and at % n == 0]
+        if any(at // n >= plan.epochs for n in units):
+            return None  # every planned epoch of some reading of len(loader) (the replay's or
+            # the real one, floor or ceil): sized over the whole run
+        unit = units[0] if units else None
+        accumulated = plan.k
     if unit is None:
         return None
     # a count of whole len(loader)s, in the real run's batches (the replay's loader may be
     # shorter): the scheduler steps it lasts. Not the optimizer steps of as many epochs: with
     # accumulation over k batches, len(loader) * epochs // k (accelerate's examples) is a whole
     # run of updates, not epochs // k epochs of them
-    at = at // unit * (plan.real_len or plan.per_epoch)
+    at = at // unit * (plan.per_epoch if accumulated > 1 else (plan.real_len or plan.per_epoch))
     if at >= plan.steps or plan.steps - at < plan.per_epoch:
         return None
-    return Misfit(plan, "ends", at, what, arg, value, 0.0, None)
+    return Misfit(plan, "ends", at, what, arg, value, 0.0, None, accumulated=accumulated)
 
 
 def _length(s: Schedule):
@@ -1128,6 +1140,10 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
         named = at <= (plan.epochs or 0) and _length_named_in_epochs(a, s, arg, plan)
         if any(_sized_in_batches(v, plan.lengths) for v in sizes) and not named:
             return _ends_before_run(s, plan, at, what, arg, value)  # a batch count: of the run?
+        if plan.k > 1 and not named:  # a count of one epoch's updates: of the run?
+            ends = _ends_before_run(s, plan, at, what, arg, value)
+            if ends is not None:
+                return ends
         if at > SPENT_SHARE * plan.steps and not named:
             return None
         if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE \

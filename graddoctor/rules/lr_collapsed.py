@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis.lr import COLLAPSED, writer_location
+from ..analysis.lr import COLLAPSED, schedule_misfit, writer_location
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule, related
@@ -112,7 +112,9 @@ class LrCollapsed(Rule):
     restarts; a cosine (it climbs back after its minimum: `scheduler-period-mismatch` judges its
     period); a schedule stepped per micro-batch (`scheduler-per-micro-batch` says it); a decay
     that has fallen less than 100× in the replay; a group the script sets to 0 itself; a run
-    that ended on its own (the last steps of a planned decay).
+    that ended on its own (the last steps of a planned decay); a decay to 0 sized in whole
+    epochs that ends before the planned run (`schedule-misfits-run` reports it with the run's
+    length).
     """
 
     code = "GD134"
@@ -137,6 +139,8 @@ class LrCollapsed(Rule):
             if key in seen or (loc is not None and (loc.path, loc.line) in told):
                 continue  # one finding per writer; schedule-factor-is-lr or lr-factor-compounded says why it collapses
             seen.add(key)
+            if w.scheduled and _ends_before_planned_run(a, w.sched):
+                continue  # schedule-misfits-run says where the planned run goes past its end
             extra = _extra_step(a, w) if w.scheduled else None
             if extra is not None:
                 yield self._extra_finding(a, c, loc, extra)
@@ -240,3 +244,12 @@ def _written_value_line(a, write) -> int | None:
                 and n.lineno < write.line
                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     return max(assigned) if assigned else None
+
+
+def _ends_before_planned_run(a, sched) -> bool:
+    """A decay to 0 sized in whole epochs (of batches, or of the optimizer steps of accumulated
+    batches) that ends before the run the script plans: its lr reaching 0 in the replay is that
+    misfit, which schedule-misfits-run reports with the planned run's length."""
+    s = a.schedulers.get(sched)
+    m = schedule_misfit(a, s) if s is not None else None
+    return m is not None and m.side == "ends"

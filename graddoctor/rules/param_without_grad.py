@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..findings import Severity
+from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule, related
 
@@ -37,7 +37,9 @@ class ParamWithoutGrad(Rule):
     A run in which no backward ran at all (the loop never calls `loss.backward()`; a Lightning
     `training_step` that does not return its loss, so Lightning skips the backward; under
     Lightning's manual optimization, a `training_step` that steps its optimizer but never calls
-    `self.manual_backward(loss)`) is an error at the forward, saying so.
+    `self.manual_backward(loss)`) is an error at the forward, saying so; for a `training_step`
+    that returns nothing, at the loss it computes (its last assignment to a name that says
+    loss, else its last statement), with the forward it calls beside it.
 
     ## Why is this bad?
     Usually a layer defined in `__init__` but not used in `forward`, a module called under
@@ -167,9 +169,15 @@ class ParamWithoutGrad(Rule):
             # one finding per call line and cause (the layers of one Sequential share its line);
             # the parameters whose module was never seen running keep the optimizer's line
             by_cause: dict = {}  # (loc, cut) | None -> (the forward that explains them, [pid])
+            # a Lightning run with no backward at all: one cause (training_step returns no
+            # loss) for every layer, told once at training_step whatever forward ran them
+            unreturned = (a.backward_calls == 0 and a.framework == "lightning"
+                          and not _manual_steps(steps))
             for pid in idle:
                 cause = _cause(pid, forwards)
                 key = None if cause is None else (cause.loc, _with_grad(cause))
+                if unreturned and cause is not None and _with_grad(cause):
+                    key = "no_backward"
                 by_cause.setdefault(key, (cause, []))[1].append(pid)
             trained = [pid for pid in a.opt_params[opt]
                        if pid in led.first_contribution or pid in had_grad]
@@ -209,9 +217,15 @@ class ParamWithoutGrad(Rule):
                    "training_step returns no loss, so Lightning skips the backward (it only warns "
                    "once) and steps the optimizer on nothing" if lightning else
                    "the loss computed here is never backpropagated")
+            where, rel = cause.loc, (related(init, "the optimizer that owns them"), step_note)
+            end = _training_step_end(a, (cause.loc, init.loc)) if lightning and not manual else None
+            if end is not None and (cause.loc is None or end.line != cause.loc.line
+                                    or end.path != cause.loc.path):
+                # the `return loss` is missing in training_step, not in the forward it calls
+                where, rel = end, (Related(cause.loc, "the forward whose loss is never returned"), *rel)
             return self.finding(
                 f"{head}: no backward() ran in the whole run: {why}, so the model never trains",
-                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                where, related=rel,
                 evidence=evidence, severity=Severity.ERROR,
                 fix=("call self.manual_backward(loss) in training_step after computing the loss "
                      "and before opt.step()" if manual else
@@ -724,3 +738,29 @@ def _not_in_a_trained_twin(a, idle: list[int]) -> list[int]:
     trained.discard(None)
     return [pid for pid in idle if (a.params.get(pid) or {}).get("name") not in trained]
 
+
+
+def _training_step_end(a, locs):
+    """Where a LightningModule's ``training_step`` computes the loss it never returns: its last
+    assignment to a name that says loss (``loss = F.cross_entropy(...)``), else its last
+    statement (the ``return`` is missing after it). Looked up in the files of ``locs``; None
+    when no file holds exactly one ``training_step`` or it returns a value (a loss skipped on
+    purpose, ``if not torch.isfinite(loss): return None``, is not a missing return)."""
+    for loc in locs:
+        tree = a.source.tree(loc.path) if loc is not None else None
+        if tree is None:
+            continue
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == "training_step"]
+        if len(defs) != 1:
+            continue
+        body = defs[0].body
+        returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return)]
+        if any(r.value is not None and not (isinstance(r.value, ast.Constant) and r.value.value is None)
+               for r in returns):
+            return None  # it returns something: not a missing return
+        losses = [n.lineno for n in ast.walk(defs[0]) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                  and any(isinstance(t, ast.Name) and "loss" in t.id.lower()
+                          for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        return Location(loc.path, max(losses) if losses else body[-1].lineno)
+    return None

@@ -4,6 +4,7 @@ import ast
 
 from ..analysis.lr import SPENT_SHARE, schedule_misfit
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule, related
 from .scheduler_period_mismatch import period_verdict
 
@@ -79,7 +80,12 @@ class ScheduleMisfitsRun(Rule):
     * stepped after every batch, a decay to 0 (transformers' linear or polynomial schedule, a
       `PolynomialLR`, a `LambdaLR` that reaches 0) sized in whole epochs of batches
       (`num_training_steps=len(loader)`) but fewer epochs than the loop around the DataLoader
-      runs: from its end on the lr is 0, and every later epoch (one at least) applies no update;
+      runs: from its end on the lr is 0, and every later epoch (one at least) applies no update.
+      Under accumulation over k batches the same for a decay sized in one epoch's optimizer
+      steps (`num_training_steps=len(train_dl) // accum_steps`, `math.ceil(len(loader) / k)`).
+      A length the construction takes from a name computed above it with `len()`
+      (`num_update_steps = len(train_dl) // accum_steps`) is reported at that line, where the
+      length is written, with the line rewritten over the run in the fix;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
       last epoch: the lr hardly moves. A length written as a bare number (`step_size=640`)
@@ -163,11 +169,12 @@ class ScheduleMisfitsRun(Rule):
     def check(self, a):
         collapsed = {c.writer.sched for c in a.lr_collapses if c.writer.scheduled}
         for s in a.schedulers.values():
-            if s.sched in collapsed or s.parent in collapsed:
-                continue  # seen collapsing in the replay: lr-collapsed says it
             m = schedule_misfit(a, s)
             if m is None:
                 continue
+            if (s.sched in collapsed or s.parent in collapsed) and m.side != "ends":
+                continue  # seen collapsing in the replay: lr-collapsed says it (a decay to 0
+                # that ends before the planned run is this rule's: lr-collapsed leaves it)
             told = period_verdict(a, s)
             if told is not None and told[1] is not Severity.INFO:
                 continue  # scheduler-period-mismatch says it as a warning
@@ -264,17 +271,43 @@ class ScheduleMisfitsRun(Rule):
             name = name.strip("_")[:-len("_lr_lambda")]  # transformers' get_*_schedule_with_warmup
         else:
             name = s.cls
-        message = (f"{name} is stepped after every batch and its {m.arg} counts the batches of "
-                   f"{count} ({_epoch_of(plan, plan.per_epoch)}), but the run the script plans "
+        if m.accumulated > 1:
+            k = m.accumulated
+            counted = (f"the optimizer steps of {count} ({plan.per_epoch:,} per epoch: "
+                       f"{plan.real_len or plan.per_epoch * k:,} batches, {k} accumulated per step)")
+            size = {"accelerate": "math.ceil(len(loader) / gradient_accumulation_steps)",
+                    "lightning": None, "transformers": None}.get(a.framework, f"math.ceil(len(loader) / {k})")
+            fix = (f"count {m.arg} over every epoch of the run: {m.arg}=num_epochs * {size}"
+                   if size else f"count {m.arg} over every epoch of the run's optimizer steps")
+            written = _whole_run_length(a, s, m.arg)
+            if written is not None:
+                fix = f"count {m.arg} over every epoch of the run: {written}"
+            fix = _hand_loop_fix(fix, plan)
+        else:
+            counted = f"the batches of {count} ({_epoch_of(plan, plan.per_epoch)})"
+            fix = _hand_loop_fix(_SPENT_FIXES.get(m.arg, self.fix).format(v=m.value), plan)
+        message = (f"{name} is stepped after every batch and its {m.arg} counts "
+                   f"{counted}, but the run the script plans "
                    f"is {plan.described}: the lr {m.what} after step {m.at:,} and is 0 from then "
                    f"on, so the last {idle:,} optimizer steps ({idle / plan.steps:.0%} of the run) "
                    f"apply no update")
-        fix = _hand_loop_fix(_SPENT_FIXES.get(m.arg, self.fix).format(v=m.value), plan)
         stepper = a.schedulers.get(s.parent) if s.parent is not None else s
         first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        where = s.init.loc
+        rel = (related(first, "its step() call"),) if first is not None else ()
+        sized = _length_assignment(a, s, m.arg)
+        if sized is not None and m.accumulated > 1 and _named_per_epoch(a, sized):
+            sized = None  # `updates_per_epoch` is right: the call should multiply it by the epochs
+            epochs = _epochs_name(a, s.init.loc)
+            if epochs is not None:
+                fix = (f"count {m.arg} over every epoch of the run: {m.arg}={epochs} * "
+                       f"{_keyword_name(a, s, m.arg)}")
+        if sized is not None:  # `num_training_steps=num_update_steps`: the length is written there
+            where = sized
+            rel = (related(s.init, "the scheduler, built here"), *rel)
         return self.finding(
-            message, s.init.loc, fix=fix,
-            related=(related(first, "its step() call"),) if first is not None else (),
+            message, where, fix=fix,
+            related=rel,
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": "ends",
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": 0.0})
@@ -390,3 +423,90 @@ def _sized_by_loader(a, loc) -> bool:
             if any(w in name.lower() for w in ("loader", "batches", "dl")):
                 return True
     return False
+
+
+def _whole_run_length(a, s, arg) -> str | None:
+    """The script's own length line rewritten over the whole run:
+    ``num_update_steps = len(train_dl) // accum_steps`` becomes
+    ``num_update_steps = num_epochs * math.ceil(len(train_dl) / accum_steps)`` (the epochs named by
+    the ``range()`` of a loop whose name says epochs). None when it is not that shape."""
+    loc = _length_assignment(a, s, arg)
+    tree = a.source.tree(loc.path) if loc is not None else None
+    if tree is None:
+        return None
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line), None)
+    value = node.value if node is not None else None
+    if node is None or len(node.targets) != 1:
+        return None
+    if (isinstance(value, ast.BinOp) and isinstance(value.op, ast.FloorDiv)
+            and isinstance(value.left, ast.Call) and isinstance(value.left.func, ast.Name)
+            and value.left.func.id == "len"):
+        per_epoch = f"math.ceil({ast.unparse(value.left)} / {ast.unparse(value.right)})"
+    elif isinstance(value, ast.Call) and ast.unparse(value.func) in ("math.ceil", "ceil"):
+        per_epoch = ast.unparse(value)
+    else:
+        return None
+    epochs = _epochs_name(a, loc)
+    if epochs is None:
+        return None
+    return f"{ast.unparse(node.targets[0])} = {epochs} * {per_epoch}"
+
+
+def _epochs_name(a, loc) -> str | None:
+    """The name in the ``range()`` of a loop whose name says epochs (``for epoch in
+    range(num_epochs)``), else None."""
+    tree = a.source.tree(loc.path) if loc is not None else None
+    if tree is None:
+        return None
+    return next((n.iter.args[0].id for n in ast.walk(tree) if isinstance(n, ast.For)
+                 and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
+                 and n.iter.func.id == "range" and len(n.iter.args) == 1
+                 and isinstance(n.iter.args[0], ast.Name) and "epoch" in n.iter.args[0].id.lower()),
+                None)
+
+
+def _named_per_epoch(a, loc) -> bool:
+    """Whether the name assigned at ``loc`` says it counts one epoch (``updates_per_epoch``)."""
+    tree = a.source.tree(loc.path)
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line),
+                None) if tree is not None else None
+    return node is not None and any(isinstance(t, ast.Name) and "epoch" in t.id.lower()
+                                    for t in node.targets)
+
+
+def _keyword_name(a, s, arg) -> str | None:
+    """The variable the scheduler's construction passes as ``arg=`` (``num_update_steps`` in
+    ``num_training_steps=num_update_steps``), else None."""
+    loc = s.init.loc if s.init is not None else None
+    tree = a.source.tree(loc.path) if loc is not None else None
+    if tree is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and n.lineno <= loc.line <= (n.end_lineno or n.lineno)]
+    value = next((k.value for c in calls for k in c.keywords if k.arg == arg), None)
+    return value.id if isinstance(value, ast.Name) else None
+
+
+def _length_assignment(a, s, arg):
+    """Where the script computes the length it hands the scheduler by name
+    (``num_update_steps = len(train_dl) // accum_steps`` above
+    ``num_training_steps=num_update_steps``): the one assignment of that name above the
+    construction, in its function or at module level, when it reads a loader's length. None for
+    a length written in the call itself."""
+    loc = s.init.loc if s.init is not None else None
+    tree = a.source.tree(loc.path) if loc is not None else None
+    name = _keyword_name(a, s, arg)
+    if tree is None or name is None:
+        return None
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and n.lineno <= loc.line <= (n.end_lineno or n.lineno)]
+    scope = min(scopes, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if scopes else tree
+    assigned = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < loc.line
+                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    if len(assigned) != 1:
+        return None
+    reads_length = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+                       for n in ast.walk(assigned[0].value))
+    if not reads_length:
+        return None
+    return Location(loc.path, assigned[0].lineno)
