@@ -78,11 +78,32 @@ class SnapshotAliasesParams(Rule):
             loc = event.loc
             if loc is None or (loc.path, loc.line) in seen or event["steps"] < 1 or not event["params"]:
                 continue
+            if (event.get("alike") or 0) >= 2:
+                seen.add((loc.path, loc.line))
+                yield self._collected(a, event, loc)
+                continue
             later = a.source.snapshot_restored_later(loc.path, loc.line, event["name"])
             if later is None or a.source.moves_to_host(loc.path, loc.line):
                 continue
             seen.add((loc.path, loc.line))
             yield self._held(a, event, loc, later)
+
+    def _collected(self, a, event, snapshot):
+        pids, name, alike = list(event["params"]), event["name"], event["alike"]
+        obj = a.source.called_object(snapshot.path, snapshot.line, "state_dict") or "model"
+        return self.finding(
+            f"the state dicts collected in `{name}` are references to the live tensors of "
+            f"{a.names(pids)}, not copies: {alike} of its entries are the very same tensors, so "
+            f"whatever is averaged, compared or restored from `{name}` is the current weights "
+            f"{alike} times, not {alike} different models (snapshots of one model, or clients "
+            f"that are the same model object rather than copies of it)",
+            snapshot,
+            step=a.steps_before(event.seq),
+            evidence={"params": a.param_names(pids), "via": "collected", "steps": event["steps"],
+                      "name": name, "alike": alike},
+            fix=(f"copy the tensors when taking each one: copy.deepcopy({obj}.state_dict()) "
+                 f"(import copy); when each entry is meant to come from a model of its own, build "
+                 f"that model as a copy (copy.deepcopy) rather than binding the same one"))
 
     def _held(self, a, event, snapshot, later):
         pids, name = list(event["params"]), event["name"]
