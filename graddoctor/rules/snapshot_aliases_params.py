@@ -16,7 +16,11 @@ class SnapshotAliasesParams(Rule):
     restore the check does not reach (early stopping's `load_state_dict(best_state)` after the
     loop) is read from the script: a snapshot taken in an `if` inside the loop, still held by
     that variable at the next optimizer step and given to no load or save before it, whose name
-    a later line passes to `load_state_dict` or `torch.save`.
+    a later line passes to `load_state_dict` or `torch.save`. State dicts collected in a list
+    (`snapshots.append(model.state_dict())` each epoch for a weight average, federated clients'
+    `states.append(local_train(...))` where each client is the same model object, not a copy)
+    are reported at the `state_dict()` call once two entries of the list are seen to share the
+    same live tensors at an optimizer step: nothing taken from that list can differ.
 
     ## Why is this bad?
     `state_dict()` returns references, not copies: every later update of the parameters shows
@@ -49,7 +53,8 @@ class SnapshotAliasesParams(Rule):
     they are the tensors themselves: a GPU script checked on a CPU); a reference taken at every
     iteration and saved after the loop (`last = model.state_dict()`: the last weights are the
     ones meant); a snapshot saved right after it is taken (`if epoch % 5 == 0: sd =
-    model.state_dict(); torch.save(sd, path)`).
+    model.state_dict(); torch.save(sd, path)`); a list of state dicts of different models
+    (federated clients that are `copy.deepcopy` of the global model) or of copies.
     """
 
     code = "GD125"
