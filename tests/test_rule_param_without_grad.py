@@ -422,13 +422,14 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
 
-def heads_run(tmp_path, source=HEADS_SOURCE, status="step-limit", ran=False):
+def heads_run(tmp_path, source=HEADS_SOURCE, status="step-limit", ran=False,
+              names=("model.heads.0.weight", "model.heads.1.weight")):
     """pid 0 (``model.heads.0.weight``) trains; pid 1 (``model.heads.1.weight``) never gets a
     gradient under the optimizer built at line 4 of ``source``."""
     path = tmp_path / "train.py"
     path.write_text(source)
     t = TraceBuilder(path=str(path))
-    for pid, name in enumerate(("model.heads.0.weight", "model.heads.1.weight")):
+    for pid, name in enumerate(names):
         t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
     t.optimizer(0, [0, 1], line=4)
     for i in range(3):
@@ -443,6 +444,11 @@ def heads_run(tmp_path, source=HEADS_SOURCE, status="step-limit", ran=False):
 
 def test_a_head_picked_by_task_id_for_a_task_the_replay_did_not_reach_is_silent(tmp_path):
     assert heads_run(tmp_path) == []
+    # a ModuleDict keyed by the task's name
+    assert heads_run(tmp_path, names=("model.heads.digits.weight", "model.heads.letters.weight")) == []
+    # another layer of the same member name elsewhere is no sibling
+    [f] = heads_run(tmp_path, names=("model.heads.0.weight", "model.heads.1.bias"))
+    assert "model.heads.1.bias" in f.message
 
 
 @pytest.mark.parametrize("source, status, ran", [

@@ -743,7 +743,7 @@ def _not_trained_later(a, opt, idle: list[int], trained_by: dict) -> list[int]:
 
 def _not_a_member_picked_later(a, init, idle: list[int], had_grad: set) -> list[int]:
     """The idle parameters less the members of a container the script indexes with a run-time
-    value (``self.heads[task_id]``) whose module never ran, in a replay graddoctor ended at its
+    value (``self.heads[task_id]``, a ``ModuleDict``'s ``self.heads[task]``) whose module never ran, in a replay graddoctor ended at its
     step budget, while another member of the same container trains (``heads.0`` beside an idle
     ``heads.1``): a task-incremental net's head for a task still to come, which the script's
     later phase picks after the replay stopped. Heads indexed only by constants, a member that
@@ -755,20 +755,22 @@ def _not_a_member_picked_later(a, init, idle: list[int], had_grad: set) -> list[
     if not picked:
         return idle
     ran = {pid for e in a.of_kind("idle_forward") for pid in e["params"]}
-    trained = {a.param_name(p) for p in had_grad | set(a.ledger.first_contribution)}
+    # each trained name with one part left out, for every part after a picked container:
+    # ``model.heads.0.weight`` -> (("model", "heads"), ("weight",))
+    siblings = set()
+    for p in had_grad | set(a.ledger.first_contribution):
+        parts = (a.param_name(p) or "").split(".")
+        for i in range(1, len(parts)):
+            if parts[i - 1] in picked:
+                siblings.add((tuple(parts[:i]), parts[i], tuple(parts[i + 1:])))
     keep = []
     for pid in idle:
-        name = a.param_name(pid) or ""
+        parts = (a.param_name(pid) or "").split(".")
         member = pid not in ran and any(
-            _container(name, m) in picked and any(
-                f"{name[:m.start()]}.{i}.{name[m.end():]}" in trained
-                for i in range(int(m.group(1)) + 8) if i != int(m.group(1)))
-            for m in _INDEX.finditer(name))
+            parts[i - 1] in picked and any(
+                head == tuple(parts[:i]) and key != parts[i] and tail == tuple(parts[i + 1:])
+                for head, key, tail in siblings)
+            for i in range(1, len(parts)))
         if not member:
             keep.append(pid)
     return keep
-
-
-def _container(name: str, m) -> str:
-    """The attribute that holds the indexed member: ``heads`` in ``model.heads.1.weight``."""
-    return name[:m.start()].rsplit(".", 1)[-1]
