@@ -1499,8 +1499,12 @@ snapshot_held      name (the variable of the caller's frame holding the dict), p
                    (optimizer-owned parameters whose live storage its tensors share), steps (steps
                    of their optimizers since): a ``state_dict()`` result that is no copy, still
                    held by a variable at the next optimizer step and given to no
-                   ``load_state_dict``/``torch.save`` before it, for the first 8 calls (loc: the
-                   user's ``state_dict()`` call; an aside)
+                   ``load_state_dict``/``torch.save`` before it, for the first 8 calls; alike
+                   (None, or for a dict found among the items of a list or tuple held by a
+                   variable of a frame on the step's stack: how many of its items are state
+                   dicts sharing the dict's live storage, 2 or more: snapshots collected from one
+                   model, or clients that are the same model) (loc: the user's ``state_dict()``
+                   call; an aside)
 param_created      owner (class of the module), attr (the name it was registered under), params
                    [pid] (the new parameter, tracked from here), step (optimizer steps so far) —
                    a parameter registered once an optimizer exists that replaces none an
@@ -2437,8 +2441,8 @@ def snapshot_alias(*, via: str, taken: list | None, params: list[int], tensors: 
                               "total": total, "steps": steps}
 
 
-def snapshot_held(*, name: str, params: list[int], steps: int) -> Made:
-    return "snapshot_held", {"name": name, "params": params, "steps": steps}
+def snapshot_held(*, name: str, params: list[int], steps: int, alike: int | None = None) -> Made:
+    return "snapshot_held", {"name": name, "params": params, "steps": steps, "alike": alike}
 
 
 def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list[int]) -> Made:

@@ -50,6 +50,8 @@ NO_EDIT = {
     "bad_meshgrid_axes_swapped_point_centres.py", "bad_meshgrid_axes_swapped_numpy_heatmap.py",
     # which comparison keeps the confident rows is read from the source; the flip is a person's
     "bad_confidence_mask_inverted_self_training.py", "bad_confidence_mask_inverted_indexed.py",
+    # which comparison keeps the large weights is read from the source; the flip is a person's
+    "bad_prune_mask_keeps_smallest.py",
     # which side the temperature belongs on is the script's: the finding names both
     "bad_distillation_temperature_one_sided_kldiv_module.py",
     "bad_distillation_temperature_one_sided_soft_ce.py",

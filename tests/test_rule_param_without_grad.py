@@ -486,3 +486,70 @@ def test_lightning_training_step_without_return_points_at_its_loss(tmp_path):
 def test_lightning_training_step_that_returns_a_value_keeps_the_forward(tmp_path):
     f = _lightning_no_backward(tmp_path, tail="        return {'log': loss.item()}")
     assert f.location.line == 6
+HEADS_SOURCE = """\
+class MultiHead(nn.Module):
+    def forward(self, x, task_id):
+        return self.heads[task_id](self.body(x))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+def heads_run(tmp_path, source=HEADS_SOURCE, status="step-limit", ran=False,
+              names=("model.heads.0.weight", "model.heads.1.weight")):
+    """pid 0 (``model.heads.0.weight``) trains; pid 1 (``model.heads.1.weight``) never gets a
+    gradient under the optimizer built at line 4 of ``source``."""
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(names):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    t.optimizer(0, [0, 1], line=4)
+    for i in range(3):
+        if ran:
+            t.put(ev.idle_forward(mid=1, cls="Linear", params=[1], grad=True, inference=False,
+                                  training=True), 3)
+        t.backward(fresh=[0], line=20)
+        t.step(0, line=21, without_grad=[1])
+    t.put(ev.run_end(status=status, steps=3))
+    return check(t)
+
+
+def test_a_head_picked_by_task_id_for_a_task_the_replay_did_not_reach_is_silent(tmp_path):
+    assert heads_run(tmp_path) == []
+    # a ModuleDict keyed by the task's name
+    assert heads_run(tmp_path, names=("model.heads.digits.weight", "model.heads.letters.weight")) == []
+    # another layer of the same member name elsewhere is no sibling
+    [f] = heads_run(tmp_path, names=("model.heads.0.weight", "model.heads.1.bias"))
+    assert "model.heads.1.bias" in f.message
+
+
+@pytest.mark.parametrize("source, status, ran", [
+    (HEADS_SOURCE.replace("[task_id]", "[0]"), "step-limit", False),  # only ever heads[0]
+    (HEADS_SOURCE, "completed", False),  # the script ran to its end: heads[1] never ran
+])
+def test_a_head_that_stays_idle_is_still_reported(tmp_path, source, status, ran):
+    [f] = heads_run(tmp_path, source, status, ran)
+    assert "model.heads.1.weight" in f.message
+
+
+def test_a_parameter_a_later_optimizer_trains_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=5)  # task 0's optimizer: head 1 waits for its task
+    for _ in range(3):
+        t.backward(fresh=[0], line=20)
+        t.step(0, line=21, without_grad=[1])
+    t.optimizer(1, [0, 1], line=5)  # task 1's optimizer trains head 1
+    for _ in range(3):
+        t.backward(fresh=[0, 1], line=20)
+        t.step(1, line=21)
+    assert check(t) == []
+    u = TraceBuilder()  # idle under both optimizers: reported at each
+    u.optimizer(0, [0, 1], line=5)
+    for _ in range(3):
+        u.backward(fresh=[0], line=20)
+        u.step(0, line=21, without_grad=[1])
+    u.optimizer(1, [0, 1], line=5)
+    for _ in range(3):
+        u.backward(fresh=[0], line=20)
+        u.step(1, line=21, without_grad=[1])
+    assert len(check(u)) == 2

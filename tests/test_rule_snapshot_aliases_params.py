@@ -225,3 +225,39 @@ def test_the_watcher_tells_a_snapshot_still_held_at_the_next_step():
     held = [(e["name"], e.loc.line, e["steps"], len(e["params"])) for e in rec.trace.of_kind("snapshot_held")]
     assert held == [("best", best_line, 1, 4)]
     assert not rec.trace.of_kind("internal_error")
+
+
+def test_snapshots_collected_from_one_model_are_a_warning_at_the_state_dict_call():
+    t = builder()  # no source needed: the run saw the entries share storage
+    t.optimizer(0, P, line=1)
+    for _ in range(2):
+        t.backward(fresh=P, line=4)
+        t.step(line=4)
+    t.put(ev.snapshot_held(name="states", params=list(P), steps=2, alike=3), line=9)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 9
+    assert "collected in `states`" in f.message and "3 of its entries" in f.message
+    assert f.evidence["via"] == "collected" and f.evidence["alike"] == 3
+    assert "copy.deepcopy(model.state_dict())" in f.fix
+
+
+def _local_state(model):
+    return model.state_dict()
+
+
+def test_the_watcher_tells_state_dicts_of_one_model_collected_in_a_list():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+        copies = []
+        states = []
+        for _ in range(3):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+            states.append(_local_state(model))  # the same model each time: no copy
+            copies.append(copy.deepcopy(model.state_dict()))
+        assert len(states) == 3 and len(copies) == 3
+    held = [(e["name"], e["alike"]) for e in rec.trace.of_kind("snapshot_held")]
+    assert held and all(name == "states" and alike >= 2 for name, alike in held)
+    assert not rec.trace.of_kind("internal_error")

@@ -185,6 +185,9 @@ class ScriptSource:
     def self_product_lines(self, path: str) -> list[tuple[int, str, str]]:
         return self_product_lines(self.full(path))
 
+    def indexed_by_variable(self, path: str) -> frozenset:
+        return indexed_by_variable(self.full(path))
+
     def factor_mentions(self, path: str, line: int, function: str, lr_text: str | None,
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
@@ -5892,3 +5895,19 @@ def soft_target_origin(path: str, line: int) -> tuple[int, str] | None:
                 return value_origin(path, at, other.id) or assigned
             return assigned
     return assigned
+
+
+@_once_per_file
+def indexed_by_variable(path: str) -> frozenset:
+    """The attribute names the file indexes with a value known only at run time
+    (``self.heads[task_id]``, ``model.experts[k]``): a container whose members the run picks
+    one at a time. Constant indices (``self.heads[0]``) and slices are left out."""
+    tree = _parse(path)
+    if tree is None:
+        return frozenset()
+    found = set()
+    for node in walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                and not isinstance(node.slice, (ast.Constant, ast.Slice, ast.Tuple)):
+            found.add(node.value.attr)
+    return frozenset(found)

@@ -26,11 +26,17 @@ that holds the same tensors). One found, never given to ``load_state_dict``/``to
 that step, and still sharing storage with a stepped parameter, makes a ``snapshot_held`` aside
 with the variable's name at the ``state_dict()`` call: the rule reads in the script whether that
 name is restored or saved later, and whether it is taken only on some iterations (in an ``if``).
+A dict no variable of its caller holds is looked for among the items of the lists and tuples
+held by the variables of the step's own stack (``states.append(client.state_dict())`` in the
+caller of the function that returned it): found beside another item that is a state dict of the
+same live tensors, the aside says how many (``alike``): snapshots that are all one model's
+current weights.
 
 Cost: nothing per step; per ``state_dict()`` call a weak reference per tensor; per load or save
 a dict lookup per tensor, and a pass over the module's parameters only when one of them is a
 snapshot taken before an optimizer step. For the first ``HELD`` calls, one read of the calling
-frame's variables at the next step.
+frame's variables at the next step (and, when none holds the dict, of the lists and tuples held by
+the variables of that step's stack, ``_FRAMES_READ`` frames).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ MAX_ITEMS = 100_000  # items of a saved object looked at (torch.save of a whole 
 MAX_DEPTH = 3  # {"model": state_dict, ...}, [state_dict, ...]: how deep a saved object is read
 HELD = 8  # state_dict() calls whose result is looked for among the caller's variables
 _NAMES_READ = 2000  # variables of a frame read, at most
+_FRAMES_READ = 8  # frames of the step's stack whose lists are looked through for a snapshot
+_ITEMS_READ = 256  # items of such a list looked at
 
 
 class _Taken:
@@ -140,6 +148,12 @@ class SnapshotWatcher:
                 if held is not None:
                     tensors = [v for v in held[1].values() if isinstance(v, torch.Tensor)]
                     self._judge(taken, tensors, len(tensors), "held", held[0])
+                    continue
+                collected = _collection(self.rec.finder.user_frames(sys._getframe(1)), tensor)
+                if collected is not None:
+                    name, mapping, alike = collected
+                    tensors = [v for v in mapping.values() if isinstance(v, torch.Tensor)]
+                    self._judge(taken, tensors, len(tensors), "held", name, alike)
         except Exception as exc:
             self.rec.internal_error("snapshot held", exc)
 
@@ -198,7 +212,8 @@ class SnapshotWatcher:
         for taken, tensors in found.items():
             self._judge(taken, tensors, total, via)
 
-    def _judge(self, taken: _Taken, tensors: list, total: int, via: str, name: str | None = None) -> None:
+    def _judge(self, taken: _Taken, tensors: list, total: int, via: str, name: str | None = None,
+               alike: int | None = None) -> None:
         rec = self.rec
         if via != "held":
             taken.used = True
@@ -238,7 +253,7 @@ class SnapshotWatcher:
             return
         loc = taken.loc
         if via == "held":
-            rec.emit_aside(ev.snapshot_held(name=name, params=sorted(owned), steps=steps), loc)
+            rec.emit_aside(ev.snapshot_held(name=name, params=sorted(owned), steps=steps, alike=alike), loc)
             return
         rec.emit_aside(ev.snapshot_alias(
             via=via, taken=None if loc is None else [loc.path, loc.line, loc.function],
@@ -263,6 +278,40 @@ def _holder(frame, tensor) -> tuple[str, Mapping] | None:
                 continue
             if first is tensor:
                 return name, value
+    return None
+
+
+def _collection(frames, tensor) -> tuple[str, Mapping, int] | None:
+    """A list or tuple held by a variable of one of ``frames`` (the step's stack, innermost
+    first, ``_FRAMES_READ`` of them) among whose items is the dict whose first value is
+    ``tensor``, with two items or more that are state dicts sharing that tensor's storage: its
+    name, the dict, and how many such items it holds (``states.append(model.state_dict())`` of
+    one model, round after round or client after client)."""
+    ptr = _storage(tensor)
+    if ptr is None:
+        return None
+    for n, frame in enumerate(frames):
+        if n >= _FRAMES_READ:
+            break
+        for i, (name, value) in enumerate(list(frame.f_locals.items())):
+            if i >= _NAMES_READ:
+                break
+            if not isinstance(value, (list, tuple)) or len(value) < 2:
+                continue
+            mine, alike = None, 0
+            for item in value[:_ITEMS_READ]:
+                if not isinstance(item, Mapping) or not item:
+                    continue
+                try:
+                    first = next(iter(item.values()))
+                except Exception:
+                    continue
+                if first is tensor:
+                    mine = item
+                if isinstance(first, torch.Tensor) and _storage(first) == ptr:
+                    alike += 1
+            if mine is not None and alike >= 2:
+                return name, mine, alike
     return None
 
 

@@ -144,13 +144,12 @@ class ParamWithoutGrad(Rule):
         # a custom autograd.Function whose backward returns its gradients out of forward's
         # order drops the gradient of every layer below it: custom-backward-wrong names the return
         misrouted = any(e.get("given_to") is not None for e in a.of_kind("custom_backward"))
+        trained_by = _trained_by_each(a)
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if a.count(steps) < MIN_STEPS:
                 continue
-            had_grad = set()
-            for s in steps:
-                had_grad.update(set(a.opt_params[opt]) - set(s.get("without_grad", ())))
+            had_grad = trained_by.get(opt, set())
             # a gradient before this optimizer was built (an earlier phase's) trains nothing it steps
             built = getattr(init, "seq", None)
             first = led.first_contribution
@@ -163,6 +162,8 @@ class ParamWithoutGrad(Rule):
                     and (params.get(pid) is None or (params[pid].get("requires_grad", True)
                                                      and params[pid].get("stepped_requires_grad") is not False))]
             idle = _not_in_a_trained_twin(a, idle)
+            idle = _not_trained_later(a, opt, idle, trained_by)
+            idle = _not_a_member_picked_later(a, init, idle, had_grad)
             if not idle:
                 continue
             cls = init.get("cls", "optimizer")
@@ -764,3 +765,63 @@ def _training_step_end(a, locs):
                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
         return Location(loc.path, max(losses) if losses else body[-1].lineno)
     return None
+def _trained_by_each(a) -> dict:
+    """Each optimizer's parameters that had a gradient at one of its own (not skipped) steps."""
+    out: dict = {}
+    for s in a.steps:
+        if s.get("skipped"):
+            continue
+        opt = s["opt"]
+        out.setdefault(opt, set()).update(set(a.opt_params.get(opt, ())) - set(s.get("without_grad", ())))
+    return out
+
+
+def _not_trained_later(a, opt, idle: list[int], trained_by: dict) -> list[int]:
+    """The idle parameters less those an optimizer built after this one trains: a task's own
+    head in continual learning (a multi-head net whose optimizer, rebuilt per task over the
+    whole model, owns the heads of the tasks still to come), or a stage of a staged schedule.
+    The script does use them, later; a parameter idle under every optimizer stays reported."""
+    built = getattr(a.optimizers.get(opt), "seq", None)
+    if built is None or not idle:
+        return idle
+    later: set = set()
+    for other, init in a.optimizers.items():
+        seq = getattr(init, "seq", None)
+        if other != opt and seq is not None and seq > built:
+            later |= trained_by.get(other, set())
+    return [pid for pid in idle if pid not in later]
+
+
+def _not_a_member_picked_later(a, init, idle: list[int], had_grad: set) -> list[int]:
+    """The idle parameters less the members of a container the script indexes with a run-time
+    value (``self.heads[task_id]``, a ``ModuleDict``'s ``self.heads[task]``) whose module never ran, in a replay graddoctor ended at its
+    step budget, while another member of the same container trains (``heads.0`` beside an idle
+    ``heads.1``): a task-incremental net's head for a task still to come, which the script's
+    later phase picks after the replay stopped. Heads indexed only by constants, a member that
+    ran and got no gradient, and a replay that ran to the script's end stay reported."""
+    end = a.of_kind("run_end")
+    if not idle or not end or end[-1].get("status") != "step-limit" or init.loc is None:
+        return idle
+    picked = a.source.indexed_by_variable(init.loc.path)
+    if not picked:
+        return idle
+    ran = {pid for e in a.of_kind("idle_forward") for pid in e["params"]}
+    # each trained name with one part left out, for every part after a picked container:
+    # ``model.heads.0.weight`` -> (("model", "heads"), ("weight",))
+    siblings = set()
+    for p in had_grad | set(a.ledger.first_contribution):
+        parts = (a.param_name(p) or "").split(".")
+        for i in range(1, len(parts)):
+            if parts[i - 1] in picked:
+                siblings.add((tuple(parts[:i]), parts[i], tuple(parts[i + 1:])))
+    keep = []
+    for pid in idle:
+        parts = (a.param_name(pid) or "").split(".")
+        member = pid not in ran and any(
+            parts[i - 1] in picked and any(
+                head == tuple(parts[:i]) and key != parts[i] and tail == tuple(parts[i + 1:])
+                for head, key, tail in siblings)
+            for i in range(1, len(parts)))
+        if not member:
+            keep.append(pid)
+    return keep

@@ -16,7 +16,11 @@ class SnapshotAliasesParams(Rule):
     restore the check does not reach (early stopping's `load_state_dict(best_state)` after the
     loop) is read from the script: a snapshot taken in an `if` inside the loop, still held by
     that variable at the next optimizer step and given to no load or save before it, whose name
-    a later line passes to `load_state_dict` or `torch.save`.
+    a later line passes to `load_state_dict` or `torch.save`. State dicts collected in a list
+    (`snapshots.append(model.state_dict())` each epoch for a weight average, federated clients'
+    `states.append(local_train(...))` where each client is the same model object, not a copy)
+    are reported at the `state_dict()` call once two entries of the list are seen to share the
+    same live tensors at an optimizer step: nothing taken from that list can differ.
 
     ## Why is this bad?
     `state_dict()` returns references, not copies: every later update of the parameters shows
@@ -49,7 +53,8 @@ class SnapshotAliasesParams(Rule):
     they are the tensors themselves: a GPU script checked on a CPU); a reference taken at every
     iteration and saved after the loop (`last = model.state_dict()`: the last weights are the
     ones meant); a snapshot saved right after it is taken (`if epoch % 5 == 0: sd =
-    model.state_dict(); torch.save(sd, path)`).
+    model.state_dict(); torch.save(sd, path)`); a list of state dicts of different models
+    (federated clients that are `copy.deepcopy` of the global model) or of copies.
     """
 
     code = "GD125"
@@ -78,11 +83,32 @@ class SnapshotAliasesParams(Rule):
             loc = event.loc
             if loc is None or (loc.path, loc.line) in seen or event["steps"] < 1 or not event["params"]:
                 continue
+            if (event.get("alike") or 0) >= 2:
+                seen.add((loc.path, loc.line))
+                yield self._collected(a, event, loc)
+                continue
             later = a.source.snapshot_restored_later(loc.path, loc.line, event["name"])
             if later is None or a.source.moves_to_host(loc.path, loc.line):
                 continue
             seen.add((loc.path, loc.line))
             yield self._held(a, event, loc, later)
+
+    def _collected(self, a, event, snapshot):
+        pids, name, alike = list(event["params"]), event["name"], event["alike"]
+        obj = a.source.called_object(snapshot.path, snapshot.line, "state_dict") or "model"
+        return self.finding(
+            f"the state dicts collected in `{name}` are references to the live tensors of "
+            f"{a.names(pids)}, not copies: {alike} of its entries are the very same tensors, so "
+            f"whatever is averaged, compared or restored from `{name}` is the current weights "
+            f"{alike} times, not {alike} different models (snapshots of one model, or clients "
+            f"that are the same model object rather than copies of it)",
+            snapshot,
+            step=a.steps_before(event.seq),
+            evidence={"params": a.param_names(pids), "via": "collected", "steps": event["steps"],
+                      "name": name, "alike": alike},
+            fix=(f"copy the tensors when taking each one: copy.deepcopy({obj}.state_dict()) "
+                 f"(import copy); when each entry is meant to come from a model of its own, build "
+                 f"that model as a copy (copy.deepcopy) rather than binding the same one"))
 
     def _held(self, a, event, snapshot, later):
         pids, name = list(event["params"]), event["name"]
