@@ -647,9 +647,11 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    reads — the first of each call line, object and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it), create_graph (bool for ``torch.autograd.grad``, else
-                   None): a gradient graddoctor does not follow (it is
-                   returned, not accumulated in ``.grad``) — the first call of each call line
-                   (loc: that call)
+                   None), of_data (True, present only when the outputs' graph reaches no
+                   leaf requiring grad but the call's inputs: a gradient of data alone, such
+                   as force labels from a reference potential): a gradient graddoctor does
+                   not follow (it is returned, not accumulated in ``.grad``) — the first call
+                   of each call line (loc: that call)
 folded             turns, steps, backwards, events, epochs (how many of each the recorder folded
                    out here; epochs: ``epoch_start`` events), copies [[first, last, count]]: each folded turn repeated exactly (but
                    for the values listed in instrument/fold.py) the kept turn whose events have
@@ -2143,10 +2145,14 @@ def idle_loss(*, mid: int, cls: str, params: list[int], fn: str, unused: bool = 
     return "idle_loss", data
 
 
-def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
+def functional_grad(*, api: str, create_graph: bool | None = None, of_data: bool = False) -> Made:
     """``create_graph``: for ``torch.autograd.grad``, whether it was asked for (None: another
-    entry point)."""
-    return "functional_grad", {"api": api, "create_graph": create_graph}
+    entry point). ``of_data``: its outputs' graph reaches no leaf requiring grad but its inputs
+    (a gradient of a function of data alone); the key is present only then."""
+    data = {"api": api, "create_graph": create_graph}
+    if of_data:
+        data["of_data"] = True
+    return "functional_grad", data
 
 
 def param_reset(*, via: str, params: list[int], state: list | None = None,
