@@ -1289,7 +1289,8 @@ loss_term_params   terms [{path (the additions' operand indices from the loss's 
 loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
                    "log_softmax": log_softmax(x).gather(1, a), both with a positive sign |
                    "variance_added": mean(x ** 2) + c * mean(x) ** 2, a variance whose minus
-                   became a plus: bounded, not scale-invariant any more), op
+                   became a plus: bounded, not scale-invariant any more | "weighted_square":
+                   a square times a weight tensor with an entry of the other sign), op
                    (the autograd node: ``ExpBackward0``, ``PowBackward0``), params [pid]
                    (tracked tensors its argument reaches), line (the backward's line): a
                    backward's loss holds a term -c * exp(v) or -c * v**2 (c > 0) of an unbounded
