@@ -1193,7 +1193,9 @@ reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), sha
 same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
                    same inputs and meet in an op that compares them; "constant": a loss function's
                    constant operand equals its gradient-carrying one at two optimizer steps, never
-                   apart), op (the comparing op: difference, product, matrix product,
+                   apart; "repeated": twins each compared by one difference or loss function with
+                   a different constant target, at two backwards: a rollout restarted from its
+                   initial input), op (the comparing op: difference, product, matrix product,
                    concatenation, mse_loss, kl_div, ...), core (the autograd node of each twin, or
                    of the gradient-carrying operand), shape (its output's, when saved), params
                    [pid] (tracked tensors the twin reaches), starts [op] (the autograd nodes
