@@ -647,9 +647,11 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    reads — the first of each call line, object and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it), create_graph (bool for ``torch.autograd.grad``, else
-                   None): a gradient graddoctor does not follow (it is
-                   returned, not accumulated in ``.grad``) — the first call of each call line
-                   (loc: that call)
+                   None), of_data (True, present only when the outputs' graph reaches no
+                   leaf requiring grad but the call's inputs: a gradient of data alone, such
+                   as force labels from a reference potential): a gradient graddoctor does
+                   not follow (it is returned, not accumulated in ``.grad``) — the first call
+                   of each call line (loc: that call)
 folded             turns, steps, backwards, events, epochs (how many of each the recorder folded
                    out here; epochs: ``epoch_start`` events), copies [[first, last, count]]: each folded turn repeated exactly (but
                    for the values listed in instrument/fold.py) the kept turn whose events have
@@ -1191,7 +1193,9 @@ reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), sha
 same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
                    same inputs and meet in an op that compares them; "constant": a loss function's
                    constant operand equals its gradient-carrying one at two optimizer steps, never
-                   apart), op (the comparing op: difference, product, matrix product,
+                   apart; "repeated": twins each compared by one difference or loss function with
+                   a different constant target, at two backwards: a rollout restarted from its
+                   initial input), op (the comparing op: difference, product, matrix product,
                    concatenation, mse_loss, kl_div, ...), core (the autograd node of each twin, or
                    of the gradient-carrying operand), shape (its output's, when saved), params
                    [pid] (tracked tensors the twin reaches), starts [op] (the autograd nodes
@@ -1287,7 +1291,8 @@ loss_term_params   terms [{path (the additions' operand indices from the loss's 
 loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
                    "log_softmax": log_softmax(x).gather(1, a), both with a positive sign |
                    "variance_added": mean(x ** 2) + c * mean(x) ** 2, a variance whose minus
-                   became a plus: bounded, not scale-invariant any more), op
+                   became a plus: bounded, not scale-invariant any more | "weighted_square":
+                   a square times a weight tensor with an entry of the other sign), op
                    (the autograd node: ``ExpBackward0``, ``PowBackward0``), params [pid]
                    (tracked tensors its argument reaches), line (the backward's line): a
                    backward's loss holds a term -c * exp(v) or -c * v**2 (c > 0) of an unbounded
@@ -2147,10 +2152,14 @@ def idle_loss(*, mid: int, cls: str, params: list[int], fn: str, unused: bool = 
     return "idle_loss", data
 
 
-def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
+def functional_grad(*, api: str, create_graph: bool | None = None, of_data: bool = False) -> Made:
     """``create_graph``: for ``torch.autograd.grad``, whether it was asked for (None: another
-    entry point)."""
-    return "functional_grad", {"api": api, "create_graph": create_graph}
+    entry point). ``of_data``: its outputs' graph reaches no leaf requiring grad but its inputs
+    (a gradient of a function of data alone); the key is present only then."""
+    data = {"api": api, "create_graph": create_graph}
+    if of_data:
+        data["of_data"] = True
+    return "functional_grad", data
 
 
 def param_reset(*, via: str, params: list[int], state: list | None = None,

@@ -202,3 +202,64 @@ def test_a_log_probability_the_loss_also_uses_elsewhere_is_not_judged_alone():
     ref = torch.randn(6)
     k3 = torch.exp(ref - logp) - (ref - logp) - 1  # adds +logp, balanced by its exp
     assert _terms((0.04 * k3).mean()) == []
+
+
+# -- a squared error weighted by a tensor with entries of the other sign ----------------------
+
+W_MIXED = torch.tensor([1.0, -0.5, 2.0])
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: ((X - MU) ** 2 * W_MIXED).mean(),  # cos(lat) of degrees: some weights negative
+    lambda: (((X - MU) ** 2).sum(0) * W_MIXED).mean(),  # reduced first, then weighted
+    lambda: (W_MIXED * (X - MU).pow(2)).sum(),
+    lambda: -((X - MU) ** 2 * W_MIXED.abs()).mean(),  # positive weights, the whole negated
+])
+def test_a_square_weighted_by_a_tensor_with_a_negative_entry_is_found(loss):
+    assert _terms(loss()) == ["weighted_square"]
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: ((X - MU) ** 2 * W_MIXED.abs()).mean(),  # latitude weights in radians
+    lambda: ((X - MU) ** 2 * torch.tensor([1.0, 0.0, 1.0])).mean(),  # a 0/1 mask
+    lambda: ((X - MU).abs() * W_MIXED).mean(),  # not a square: not judged
+    lambda: (torch.sigmoid(MU) ** 2 * W_MIXED).mean(),  # a bounded value's square
+    lambda: ((X - MU) ** 2 * -2.0).mean() * -1.0,  # scalars pass the walk on: a plus in the end
+])
+def test_squares_weighted_by_non_negative_tensors_are_not(loss):
+    assert _terms(loss()) == []
+
+
+def test_the_weights_first_assignment_is_the_origin(tmp_path):
+    from graddoctor.analysis.source import square_weight_origin
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "lat_w = torch.cos(lat)\n"
+        "lat_w = (lat_w / lat_w.mean()).view(1, 1, -1, 1)\n"
+        "def weighted_mse(pred, target):\n"
+        "    return ((pred - target) ** 2 * lat_w).mean()\n"
+        "err = ((a - b) ** 2 * lat_w[None]).mean()\n")
+    assert square_weight_origin(str(script)) == (1, "lat_w = torch.cos(lat)", "lat_w")
+    script.write_text("loss = ((p - y) ** 2 * w).mean() + ((p - y) ** 2 * mask).mean()\n")
+    assert square_weight_origin(str(script)) is None  # two names: no single origin
+
+
+def test_the_rule_points_at_the_weights_origin(tmp_path):
+    from graddoctor.trace import TraceBuilder
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "w = torch.cos(lat)\n"
+        "for x, y in data:\n"
+        "    loss = ((model(x) - y) ** 2 * w).mean()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n")
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.loss_unbounded(term="weighted_square", op="MulBackward0", params=[1], line=5), line=5)
+    t.backward(fresh=[0, 1], line=5)
+    t.step(0, line=6)
+    f = only(t, SLUG)
+    assert f.location.line == 2 and "`w`" in f.message and f.evidence["term"] == "weighted_square"

@@ -45,13 +45,14 @@ for real in data:
 """
 
 
-def traced(tmp_path, text, grad_line, create_graph=False):
+def traced(tmp_path, text, grad_line, create_graph=False, of_data=False):
     path = tmp_path / "train.py"
     path.write_text(text)
     t = TraceBuilder(str(path))
     t.optimizer(0, [0], line=1)
     for _ in range(2):
-        t.put(ev.functional_grad(api="torch.autograd.grad", create_graph=create_graph), grad_line)
+        t.put(ev.functional_grad(api="torch.autograd.grad", create_graph=create_graph, of_data=of_data),
+              grad_line)
         t.backward(fresh=[0], line=8)
         t.step(0, line=8)
     return t
@@ -118,6 +119,39 @@ def test_the_same_grad_inside_the_loop_still_warns(tmp_path):
     text = REFERENCE.replace("create_graph=True", "retain_graph=True")
     f = only(traced(tmp_path, text, 6), SLUG)
     assert f.location.line == 6
+
+
+ON_THE_FLY = """\
+import torch
+for pos in batches:
+    p = pos.clone().requires_grad_(True)
+    ref_forces = -torch.autograd.grad(potential(p).sum(), p)[0]
+    pos.requires_grad_(True)
+    f = -torch.autograd.grad(model(pos).sum(), pos, create_graph=True)[0]
+    loss = (f - ref_forces).pow(2).mean()
+    loss.backward()
+"""
+
+
+def test_labels_from_a_function_of_data_alone_are_silent_inside_the_loop(tmp_path):
+    # the reference potential's graph holds no trainable leaf: the gradient is data
+    assert findings(traced(tmp_path, ON_THE_FLY, 4, of_data=True), SLUG) == []
+    # the same call whose graph reaches a parameter is a penalty without graph
+    assert only(traced(tmp_path, ON_THE_FLY, 4), SLUG).location.line == 4
+
+
+def test_the_watcher_tells_a_gradient_of_data_from_one_through_parameters():
+    import torch
+
+    from graddoctor.instrument.functional import _of_data
+
+    w = torch.nn.Parameter(torch.ones(3))
+    x = torch.randn(4, 3, requires_grad=True)
+    assert _of_data((x ** 2).sum(), x)
+    assert _of_data([(x ** 2).sum()], [x])
+    assert not _of_data((x * w).sum(), x)
+    assert not _of_data((w ** 2).sum(), w)  # taken for a parameter: the model's own gradient
+    assert not _of_data(torch.ones(2), x)  # no graph at all: unknown, not "of data"
 
 
 # -- a penalty on the parameters computed from values cut from the graph ------------------------

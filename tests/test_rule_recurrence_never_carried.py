@@ -98,3 +98,77 @@ def test_the_finding_is_a_warning_at_the_assignment_in_the_loop(tmp_path):
     assert [f.location.line for f in found] == [3]
     assert found[0].severity is Severity.WARNING
     assert "rk4(f, x)" in found[0].fix
+
+
+# -- seen in the loss's graph: equal predictions each compared with a different target ----------
+
+ROLLOUT = ("for x, ys in loader:\n"                   # 1
+           "    state = x\n"                           # 2
+           "    loss = 0\n"                            # 3
+           "    for k in range(3):\n"                  # 4
+           "        state = model(x)\n"                # 5
+           "        loss = loss + mse(state, ys[:, k])\n"  # 6
+           "    loss.backward()\n"                     # 7
+           "    opt.step()\n")                         # 8
+
+
+def test_the_restarted_rollout_statement_is_found_whatever_its_names():
+    from graddoctor.rules.recurrence_never_carried import restarted_rollout
+
+    assert stale_recurrences(ast.parse(ROLLOUT)) == []  # `x` is not named as the state's start
+    assert restarted_rollout(ast.parse(ROLLOUT)) == (5, "state = model(x)", "state", "state = model(state)")
+    assert restarted_rollout(ast.parse(ROLLOUT.replace("model(x)", "model(state)"))) is None
+    assert restarted_rollout(ast.parse(ROLLOUT.replace("    state = x\n", "    h = x\n"))) is None
+
+
+def _repeated_trace(tmp_path, text, how="repeated"):
+    from graddoctor import events as ev
+
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.same_compared(how=how, op="mse_loss", core="AddmmBackward0", shape=[8, 4],
+                           params=[0, 1], starts=["AddmmBackward0"]), line=7)
+    t.backward(fresh=[0, 1], line=7)
+    t.step(0, line=8)
+    return list(find_rule(SLUG)().check(Analysis(t.trace)))
+
+
+def test_repeated_twins_point_at_the_restarted_step(tmp_path):
+    found = _repeated_trace(tmp_path, ROLLOUT)
+    assert [f.location.line for f in found] == [5]
+    assert found[0].fix.endswith("`state = model(state)`") and found[0].evidence["how"] == "repeated"
+    # another kind of twins is loss-compares-with-itself's
+    assert _repeated_trace(tmp_path, ROLLOUT, how="twins") == []
+    # no statement in the source: the backward, with a fix in words
+    found = _repeated_trace(tmp_path, ROLLOUT.replace("    state = x\n", "    h = x\n"))
+    assert [f.location.line for f in found] == [7] and "previous step's prediction" in found[0].fix
+
+
+def test_the_watcher_sees_a_rollout_restarted_from_its_input():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from graddoctor.instrument.samevalue import SameValueWatcher
+    from test_rule_loss_compares_with_itself import _Rec
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+
+    def events(restart):
+        rec = _Rec(list(model.parameters()))
+        watcher = SameValueWatcher(rec)
+        for _ in range(3):
+            x, ys = torch.randn(6, 4), torch.randn(6, 3, 4)
+            state, loss = x, 0
+            for k in range(3):
+                state = model(x if restart else state)
+                loss = loss + F.mse_loss(state, ys[:, k])
+            watcher.describe_loss(loss)
+            loss.backward()
+        return [made[1]["how"] for made in rec.events]
+
+    assert events(restart=True) == ["repeated"]
+    assert events(restart=False) == []

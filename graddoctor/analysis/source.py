@@ -179,6 +179,9 @@ class ScriptSource:
     def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
         return term_line(self.full(path), line, term)
 
+    def square_weight_origin(self, path: str) -> tuple[int, str, str] | None:
+        return square_weight_origin(self.full(path))
+
     def variance_added_lines(self, path: str) -> list[tuple[int, str, str]]:
         return variance_added_lines(self.full(path))
 
@@ -2443,6 +2446,49 @@ def term_line(path: str, line: int, term: str) -> tuple[int, str] | None:
     if inner is not None:  # loss = loss_function(recon, x, mu, logvar): the line in its body
         return inner
     return _term_assignment(statement.value, block[:index], term, line - _TERM_SPAN)
+
+
+def _weight_name(node: ast.AST) -> str | None:
+    """The name a weight expression reads (``w``, ``self.w``, ``w.view(1, -1, 1)``, ``w[:, None]``),
+    else None."""
+    for _ in range(4):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("view", "reshape", "unsqueeze", "to", "expand_as", "type_as"):
+            node = node.func.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            break
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return ast.unparse(node)
+    return None
+
+
+def square_weight_origin(path: str) -> tuple[int, str, str] | None:
+    """``(line, text, name)`` of the first assignment of the one name the file multiplies a
+    square by (``(pred - y) ** 2 * lat_w``): where a weight tensor of a weighted squared error
+    is made (its later rescalings keep its signs). None when no or several names weigh a square,
+    or the name is never assigned."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    names = set()
+    for node in walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for square, weight in ((node.left, node.right), (node.right, node.left)):
+                if _holds_term(square, "square") and not _holds_term(weight, "square"):
+                    name = _weight_name(weight)
+                    if name is not None:
+                        names.add(name)
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    first = None
+    for node in walk(tree):
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == name for t in node.targets) \
+                and (first is None or node.lineno < first.lineno):
+            first = node
+    return (first.lineno, ast.unparse(first).strip(), name) if first is not None else None
 
 
 def _loss_function_term(tree: ast.AST, value: ast.AST, term: str) -> tuple[int, str] | None:

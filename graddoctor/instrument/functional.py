@@ -43,6 +43,38 @@ def entry_points() -> list[tuple[object, str, str]]:
     return [(owner, attr, shown) for owner, attr, shown in names if callable(getattr(owner, attr, None))]
 
 
+_GRAPH_WALK_LIMIT = 20000  # nodes looked at per call site; past it the answer is "unknown"
+
+
+def _of_data(outputs, inputs) -> bool:
+    """Whether the graph of ``outputs`` reaches no leaf that requires grad but ``inputs``, none of
+    them a parameter: the gradient is then one of a function of data alone (force labels from a
+    reference potential), which no parameter's training could ever reach. False when unsure.
+    Walked once per call site."""
+    as_list = lambda v: list(v) if isinstance(v, (list, tuple)) else [v]
+    outs = [t for t in as_list(outputs) if isinstance(t, torch.Tensor)]
+    given = [t for t in as_list(inputs) if isinstance(t, torch.Tensor)]
+    if not outs or not given or any(isinstance(t, torch.nn.Parameter) for t in given):
+        return False  # a gradient taken for parameters is one of the model, never data
+    ins = {id(t) for t in given}
+    todo = [t.grad_fn for t in outs if t.grad_fn is not None]
+    if not todo:
+        return False
+    seen: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if len(seen) > _GRAPH_WALK_LIMIT:
+            return False
+        leaf = getattr(fn, "variable", None)
+        if leaf is not None and id(leaf) not in ins:
+            return False
+        todo.extend(nxt for nxt, _ in fn.next_functions)
+    return True
+
+
 class FunctionalGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -61,9 +93,12 @@ class FunctionalGradWatcher:
                 watcher._done.add(site)
                 if rec.finder.is_user_file(caller.f_code.co_filename):
                     create_graph = None
+                    of_data = False
                     if api == "torch.autograd.grad":
                         create_graph = bool(kwargs.get("create_graph", args[4] if len(args) > 4 else False))
-                    rec.emit_aside(ev.functional_grad(api=api, create_graph=create_graph),
+                        of_data = _of_data(kwargs.get("outputs", args[0] if args else None),
+                                           kwargs.get("inputs", args[1] if len(args) > 1 else None))
+                    rec.emit_aside(ev.functional_grad(api=api, create_graph=create_graph, of_data=of_data),
                                    rec.finder.location(caller))
             except Exception as exc:
                 rec.internal_error(api, exc)

@@ -293,6 +293,28 @@ def _same_signed_multiples(children):
     return shared if len(signs) == 1 else None
 
 
+_WEIGHT_ELEMENTS = 1 << 22  # a weight tensor larger than this is not read
+
+
+def _some_negative(weights, sign: float) -> bool:
+    """Whether a weight tensor (not a 0-d constant: those pass the walk on) has an entry whose
+    sign, times the walk's ``sign``, is negative."""
+    if not isinstance(weights, torch.Tensor) or weights.dim() == 0 or weights.device.type != "cpu" \
+            or weights.is_complex() or not weights.is_floating_point() or weights.numel() > _WEIGHT_ELEMENTS:
+        return False
+    return bool((weights * sign < 0).any())
+
+
+def _past_reductions(node):
+    """Past sums, means and views (``(err ** 2).sum(-1) * w``), a few nodes down."""
+    for _ in range(6):
+        children = _children(node)
+        if not type(node).__name__.startswith(_KEEP) or len(children) != 1:
+            return node
+        node = children[0][1]
+    return node
+
+
 def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]]:
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
@@ -303,6 +325,15 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     spread: list = []  # (logsumexp node, its input) reached with a negative sign
 
     def visit(node, sign, name, children) -> bool:
+        if name == "MulBackward0" and len(children) == 1 and sign != 0:
+            # a square scaled by a weight tensor with an entry of the other sign (a latitude
+            # weight cos(lat) of degrees, a sign mask): those entries' errors are maximised
+            index, child = children[0]
+            weights = saved(node, "_saved_other" if index == 0 else "_saved_self")
+            argument = _square_of(_past_reductions(child))
+            if argument is not None and not _bounded(argument) and _some_negative(weights, sign):
+                found.append(("weighted_square", node, argument))
+            return False
         if sign > 0 and name in ("GatherBackward0", "IndexBackward0") and children:
             source = _past_views(children[0][1])
             if name == "GatherBackward0" and source is not None \

@@ -290,6 +290,7 @@ class SameValueWatcher:
         self._lines = PerLine(_LOOKED, _LINES)
         self._told: set = set()  # backward locations told
         self._twins: dict = {}  # backward location -> backwards that showed twins
+        self._rollouts: dict = {}  # backward location -> backwards that showed repeated twins
         # (loc, op, shape, input op) -> (steps at which it was equal, pids its input reaches)
         self._const: dict = {}
         self._failed: set = set()  # those keys seen unequal once
@@ -380,6 +381,68 @@ class SameValueWatcher:
             if key[0] == loc and len(steps) >= _STEPS and key not in self._failed:
                 self._tell(loc, "constant", key[1], key[3], list(key[2]), pids, [])
                 return
+        repeated = self._repeated(order, shash, saved)
+        if repeated is not None:
+            n = self._rollouts.get(loc, 0) + 1
+            self._rollouts[loc] = n
+            if n >= _TWINS:
+                op, core, shape, pids, starts = repeated
+                self._tell(loc, "repeated", op, core, shape, pids, starts)
+
+    def _repeated(self, order, shash, saved):
+        """Twins each fitted to a different constant target by the same comparison (a
+        difference or a loss function with one operand carrying gradient): a rollout whose
+        every step predicts from the initial state again (``state = model(x)`` in the loop),
+        the same prediction compared with the targets of successive steps."""
+        parents: dict = {}
+        for node in order:
+            for child, _ in node.next_functions:
+                if child is not None:
+                    parents.setdefault(child, []).append(node)
+        groups: dict = {}
+        for node in order:
+            name = type(node).__name__
+            above = parents.get(node, ())
+            if name == "AccumulateGrad" or name in _THROUGH or len(above) != 1:
+                continue
+            compare = above[0]
+            cname = type(compare).__name__
+            if not (cname == "SubBackward0" or cname in _LOSSES) \
+                    or sum(c is not None for c in _children(compare)) != 1:
+                continue
+            groups.setdefault((shash.get(node), cname), []).append((node, compare))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            (a, ca), (b, cb) = members[0], members[1]
+            if not self._targets_differ(ca, cb, parents, saved):
+                continue
+            starts = self._verify(a, b, saved)
+            if starts is None:
+                continue
+            shape, numel = self._shape(a, saved)
+            if numel is not None and numel < _MIN_NUMEL:
+                continue
+            op = _LOSSES.get(type(ca).__name__, "difference")
+            return op, type(a).__name__, shape, self._pids(a), starts
+        return None
+
+    @staticmethod
+    def _targets_differ(ca, cb, parents, saved) -> bool:
+        """Whether two comparisons of equal predictions are made against different targets:
+        a loss function's saved targets differ, or the differences (saved by the op above
+        each, a square's input) do."""
+        if type(ca).__name__ in _LOSSES:
+            x = dict(saved.get(ca, ())).get("_saved_target")
+            y = dict(saved.get(cb, ())).get("_saved_target")
+        else:
+            above_a, above_b = parents.get(ca, ()), parents.get(cb, ())
+            if len(above_a) != 1 or len(above_b) != 1 or type(above_a[0]) is not type(above_b[0]):
+                return False
+            x = dict(saved.get(above_a[0], ())).get("_saved_self")
+            y = dict(saved.get(above_b[0], ())).get("_saved_self")
+        return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape \
+            and not bool(torch.equal(x, y))
 
     def _core(self, node, cores: dict, saved: dict):
         """The node an operand is a function of alone: down through views, softmax, exp/log,

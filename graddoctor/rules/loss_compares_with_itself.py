@@ -252,6 +252,8 @@ class LossComparesWithItself(Rule):
             if not pids or set(pids) <= anchored:
                 continue
             how, op, starts = e.get("how"), e.get("op") or "comparison", e.get("starts") or []
+            if how == "repeated":
+                continue  # a rollout restarted from its input: recurrence-never-carried's
             loc, text, draw, related = e.loc, None, None, []
             if loc is not None:
                 tree = a.source.tree(loc.path)

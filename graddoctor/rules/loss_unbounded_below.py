@@ -24,6 +24,9 @@ class LossUnboundedBelow(Rule):
     line when the script has one line that computes such a term). Also a term
     `max(a * v, b * v)` whose factors `a`, `b` (no gradient) have one sign: a pinball (quantile)
     loss written `torch.max(q * e, (1 - q) * e)` instead of `torch.max(q * e, (q - 1) * e)`.
+    Also a squared error multiplied by a weight tensor with an entry of the other sign (a
+    latitude weight `torch.cos(lat)` of degrees instead of radians, a label-sign mask `2 * y - 1`
+    on a squared distance), pointed at the weight's first assignment.
     Also a log-softmax minimised: `x.gather(1, a) - torch.logsumexp(x, 1)` (or `x[i, a]`) with a
     positive sign, the two of one computed `x` (CQL's conservative term or a cross-entropy
     written out, subtracted the wrong way round), or `log_softmax(x).gather(1, a)` with a
@@ -51,7 +54,8 @@ class LossUnboundedBelow(Rule):
 
     ## Stays silent on
     The KL term with its minus sign; exp and squares with a positive sign (an exponential
-    rate, a squared error, a penalty); terms of data or of detached tensors; exp or squares of
+    rate, a squared error, a penalty), also weighted by a tensor with no negative entry (a
+    latitude weight in radians, a 0/1 mask); terms of data or of detached tensors; exp or squares of
     bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); exp of a value never
     positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); exp of an entropy written
     out, `-sum(p * log(p + eps))` (bounded above on the log's domain, whatever `p`: wav2vec 2.0's
@@ -88,6 +92,9 @@ class LossUnboundedBelow(Rule):
             if not pids or term == "variance_added":  # bounded: variance-sign-flipped's
                 continue
             loc, text = e.loc, None
+            if term == "weighted_square":
+                yield self._weighted(a, e, pids)
+                continue
             if loc is not None:
                 assigned = a.source.loss_assignment(loc.path, loc.line)
                 if assigned is not None:
@@ -136,6 +143,31 @@ class LossUnboundedBelow(Rule):
                 fix=("flip the sign of that term: the KL divergence of a diagonal Gaussian from "
                      "N(0, 1) is -0.5 * sum(1 + logvar - mu**2 - exp(logvar)), and it is added "
                      "to the loss"))
+
+
+    def _weighted(self, a, e, pids):
+        """A squared error scaled by a weight tensor with entries of the other sign."""
+        loc, said, name = e.loc, "the loss", None
+        if loc is not None:
+            origin = a.source.square_weight_origin(loc.path)
+            if origin is not None:
+                loc, said, name = Location(loc.path, origin[0]), f"`{origin[1]}`", origin[2]
+            else:
+                assigned = a.source.loss_assignment(loc.path, loc.line)
+                if assigned is not None:
+                    loc, said = Location(loc.path, assigned[0]), f"`{assigned[1]}`"
+        weights = f"`{name}`" if name else "the weight tensor"
+        return self.finding(
+            f"the loss backpropagated here holds a squared error multiplied by a weight tensor "
+            f"({weights}, made by {said}) with entries that make the term negative, of a value the "
+            f"model computes from {a.names(pids)}: on those entries the loss falls as the error "
+            f"grows, so it has no lower bound and the optimizer pushes the prediction away from "
+            f"its target there instead of fitting it",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"term": "weighted_square", "op": e.get("op"), "params": pids[:16]},
+            fix=(f"make every entry of {weights} non-negative: check its sign and units (a cosine "
+                 f"of degrees, a difference taken in the wrong order); a term meant to push values "
+                 f"apart needs a bound (a hinge or a clamp)"))
 
 
 def _mean_of(node):

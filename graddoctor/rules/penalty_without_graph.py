@@ -107,7 +107,9 @@ class PenaltyWithoutGraph(Rule):
     ```
 
     ## Stays silent on
-    `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
+    `create_graph=True`; a gradient of a function whose graph holds no trainable leaf but the
+    inputs it is taken for (force labels computed as the gradient of a reference potential,
+    also in a helper called before the loop); an input gradient used to perturb the input (FGSM, adversarial
     training: the loss is computed by the model on the perturbed input, also when a helper
     builds it and the caller hands its result straight to the model); a gradient computed
     for logging or for a hand-written update that never reaches the backpropagated loss;
@@ -271,6 +273,9 @@ class PenaltyWithoutGraph(Rule):
         for e in a.of_kind("functional_grad"):
             if e.get("api") != "torch.autograd.grad" or e.get("create_graph") is not False:
                 continue
+            if e.get("of_data"):
+                continue  # a gradient of data alone (labels from a reference function): no
+                # parameter is upstream, so create_graph could not give the loss any gradient
             if e.loc is None or (e.loc.path, e.loc.line) in seen:
                 continue
             if not any(b.seq > e.seq for b in backwards):

@@ -164,6 +164,46 @@ class _Rename(ast.NodeTransformer):
         return ast.Name(self.new, node.ctx) if node.id == self.old else node
 
 
+def restarted_rollout(tree: ast.AST) -> tuple[int, str, str, str] | None:
+    """``(line, text, name, fixed)`` of the one statement ``name = f(arg)`` written straight in a
+    loop's body whose ``name`` is assigned before that loop in the same block (a rollout's
+    state: ``state = x``) while the call reads another name than ``name`` (the initial input,
+    again at every step), ``fixed`` the statement reading ``name`` instead; None when no
+    statement or several fit."""
+    found = []
+    for block_owner in ast.walk(tree):
+        for field in ("body", "orelse"):
+            block = getattr(block_owner, field, None)
+            if not isinstance(block, list):
+                continue
+            for index, loop in enumerate(block):
+                if not isinstance(loop, (ast.For, ast.While)):
+                    continue
+                before = {t.id for stmt in block[:index] if isinstance(stmt, ast.Assign)
+                          for t in stmt.targets if isinstance(t, ast.Name)}
+                for stmt in loop.body:
+                    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                            and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Call)
+                            and len(stmt.value.args) == 1 and isinstance(stmt.value.args[0], ast.Name)):
+                        continue
+                    name, arg = stmt.targets[0].id, stmt.value.args[0].id
+                    read = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+                    if name in before and name not in read and arg not in _bound_in(loop.body):
+                        call = stmt.value
+                        fixed = f"{name} = " + ast.unparse(ast.Call(
+                            func=call.func, args=[ast.Name(name)], keywords=call.keywords))
+                        found.append((stmt.lineno, ast.unparse(stmt), name, fixed))
+    return found[0] if len(found) == 1 else None
+
+
+def _bound_in(statements) -> set:
+    """Names the statements bind (assignments, loop targets), nested ones included."""
+    return {n.id for stmt in statements for n in ast.walk(stmt) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Store)}
+
+
+
+
 class RecurrenceNeverCarried(Rule):
     """
     ## What it does
@@ -175,7 +215,12 @@ class RecurrenceNeverCarried(Rule):
     (`k1 = f(y)` ... `y = y0 + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)`) while collecting the state
     each pass (`ys.append(y)`).
     Read from the script's source, in the files a backward ran from; it points at the
-    assignment in the loop.
+    assignment in the loop. Also seen in the loss's graph, whatever the names: predictions
+    equal to the last bit (the model called again on identical inputs) each compared by one
+    difference or loss function with a different target, at two backwards — an unrolled
+    rollout whose step reads the initial input again (`state = x` before the loop, `state =
+    model(x)` in it instead of `state = model(state)`), pointed at that statement when the
+    source shows one.
 
     ## Why is this bad?
     Every pass takes its step from the initial state, so the state never advances: a
@@ -208,7 +253,10 @@ class RecurrenceNeverCarried(Rule):
     random restarts); a start value passed beside the state (`f(x, x0)`, an augmented ODE);
     a fixed-point (Picard) iteration of an implicit step (`x = x0 + h * f(x)` iterated, the
     iterates not collected); a drift added to the start at each time (`x = x0 + v * t`);
-    a state set from an expression or an attribute before the loop; loops in other modules.
+    a state set from an expression or an attribute before the loop; loops in other modules;
+    a rollout fed the previous prediction, detached or not (the pushforward trick), or the
+    true state (teacher forcing); a model called twice on one input for two terms of
+    different forms (a loss and a penalty).
     """
 
     code = "GD344"
@@ -236,3 +284,39 @@ class RecurrenceNeverCarried(Rule):
                     related=(Related(Location(path, start_line), f"`{state}` set to `{source}` here"),),
                     evidence={"state": state, "start": source, "start_line": start_line},
                     fix=f"step from the state itself: `{fixed}`")
+        yield from self._repeated(a)
+
+    def _repeated(self, a):
+        """Seen in the loss's graph (``same_compared``, how "repeated"): predictions equal to
+        the last bit, each compared with a different target by one difference or loss
+        function — a rollout whose every step reads the initial input again."""
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        told: set = set()
+        for e in a.of_kind("same_compared"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if e.get("how") != "repeated" or not pids or e.loc is None:
+                continue
+            tree = a.source.tree(e.loc.path)
+            found = restarted_rollout(tree) if tree is not None else None
+            if found is not None and any(line == found[0] for line, *_ in stale_recurrences(tree)):
+                continue  # told above, from the source alone
+            loc, related = e.loc, ()
+            if found is not None:
+                loc = Location(e.loc.path, found[0])
+                related = (Related(e.loc, "the backward of that loss"),)
+            if (loc.path, loc.line) in told:
+                continue
+            told.add((loc.path, loc.line))
+            where = f" (`{found[1]}`, here, never reads `{found[2]}`)" if found else ""
+            yield self.finding(
+                f"the loss compares predictions that are equal to the last bit (two calls of "
+                f"{a.names(pids)} on identical inputs) each with a different target by a "
+                f"{e.get('op') or 'difference'}{where}: an unrolled rollout whose every step "
+                f"predicts from the initial input again instead of from the previous step's "
+                f"prediction, so the later steps' targets are asked of the one-step prediction "
+                f"and the model never learns to roll out from its own outputs",
+                loc, related=related,
+                evidence={"how": "repeated", "op": e.get("op"), "params": pids[:16]},
+                fix=(f"feed each step the previous step's prediction: `{found[3]}`" if found else
+                     "feed each step of the rollout the previous step's prediction, not the "
+                     "initial input"))
