@@ -106,3 +106,27 @@ def test_code_outside_training_loops_and_forwards_is_not_read(tmp_path):
             return model(a)
         """)
     assert unread_twins(path) == []
+
+
+def test_a_second_view_encoded_and_never_read_is_reported_where_the_first_stands_in(tmp_path):
+    path = _script(tmp_path, """\
+        for x in loader:
+            z1 = encoder(augment(x))
+            z2 = encoder(augment(x) + 0.1)
+            loss = nt_xent(z1, z1)
+            loss.backward()
+        """)
+    [found] = unread_twins(path)
+    assert (found["line"], found["name"], found["twin"]) == (4, "z2", "z1")
+
+
+def test_a_twin_read_only_by_a_logging_call_is_silent(tmp_path):
+    path = _script(tmp_path, """\
+        for x, y in loader:
+            out = model(x)
+            acc1 = accuracy(out, y)
+            acc5 = accuracy(out, y, 5)
+            logger.log(acc1)
+            F.cross_entropy(out, y).backward()
+        """)
+    assert unread_twins(path) == []

@@ -76,8 +76,8 @@ def _stores(s: ast.stmt) -> set[str]:
 def _argument_reads(s: ast.stmt, name: str) -> bool:
     """Whether ``s`` hands ``name`` to a call as (part of) an argument, with its gradient: not
     through a detaching or shape-only method, not as the function called."""
-    if isinstance(s, (ast.If, ast.While, ast.For, ast.With, ast.Try)):
-        return False
+    if not isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)):
+        return False  # a bare call logs, stores or prints; a header only tests
     side: set[int] = set()
     for n in ast.walk(s):
         if isinstance(n, ast.Call):
@@ -214,12 +214,20 @@ def unread_twins(path: str) -> list[dict]:
             if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
                 names = [e.id for e in target.elts]
                 twins = _unpacked_twins(s, names)
-            elif isinstance(target, ast.Name) and isinstance(s.value, ast.Call) \
-                    and isinstance(s.value.func, ast.Name) and s.value.func.id in functions \
-                    and kind == "loop":
+            elif isinstance(target, ast.Name) and isinstance(s.value, ast.Call) and kind == "loop":
+                # (a module output a forward drops is discarded-module-output's, seen at run time)
                 names = [target.id]
-                twins = {target.id: [a.id for a in s.value.args if isinstance(a, ast.Name)
-                                     and _kin(target.id, a.id)]}
+                # the same callee on other arguments, bound to another name in this body
+                kin = [t.targets[0].id for t in body if t is not s and isinstance(t, ast.Assign)
+                       and len(t.targets) == 1 and isinstance(t.targets[0], ast.Name)
+                       and t.targets[0].id != target.id and isinstance(t.value, ast.Call)
+                       and ast.dump(t.value.func) == ast.dump(s.value.func)
+                       and [ast.dump(a) for a in t.value.args] != [ast.dump(a) for a in s.value.args]
+                       and _called(t.value) not in _SIDE_READS]
+                if isinstance(s.value.func, ast.Name) and s.value.func.id in functions:
+                    # a script function's copy of a batch it is given (``x_adv = attack(model, x, y)``)
+                    kin += [a.id for a in s.value.args if isinstance(a, ast.Name) and _kin(target.id, a.id)]
+                twins = {target.id: kin}
             else:
                 continue
             for name, kin in twins.items():

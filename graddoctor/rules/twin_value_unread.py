@@ -16,12 +16,13 @@ class TwinValueUnread(Rule):
     (`logits_u_w, logits_u_s = logits[b:].chunk(2)` and only `logits_u_w` ever reaches a
     loss), one slice of a pair (`xs, ys, xq, yq = x[:k], y[:k], x[k:], y[k:]` and the support
     loss reads the query slice), the transformed copy of a batch
-    (`x_adv = attack(model, xb, yb)`, then `model(xb)`), or a piece rebound from its twin
+    (`x_adv = attack(model, xb, yb)`, then `model(xb)`), a second call of one function on
+    other arguments (`z2 = encoder(v2)`, then `nt_xent(z1, z1)`), or a piece rebound from its twin
     before anything read it (`end = start.masked_fill(...)` right after
     `start, end = logits.unbind(-1)`). It points at the statement that reads the twin (or
     rebinds the piece), the one a person changes. Read from the source of the files whose
     backwards ran: the bodies of the loops that call `backward()`, of step functions and of
-    `forward` methods.
+    `forward` methods (the statement reading the twin assigns or returns: a bare call logs).
 
     ## Why is this bad?
     The value was computed because part of the update was meant to use it: the strongly
