@@ -130,3 +130,17 @@ def test_a_twin_read_only_by_a_logging_call_is_silent(tmp_path):
             F.cross_entropy(out, y).backward()
         """)
     assert unread_twins(path) == []
+
+
+def test_fields_of_a_batch_different_callees_and_library_draws_are_not_twins(tmp_path):
+    path = _script(tmp_path, """\
+        for batch in loader:
+            inputs, targets = batch[0], batch[1]
+            recon = model(inputs)
+            a, b = prep(batch), label_of(batch)
+            noise = torch.randn_like(recon)
+            spare = torch.randn_like(inputs)
+            out = add_noise(inputs, noise, a)
+            F.mse_loss(recon, out).backward()
+        """)
+    assert unread_twins(path) == []

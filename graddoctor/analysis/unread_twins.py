@@ -106,6 +106,24 @@ def _kin(dead: str, twin: str) -> bool:
     return any(a.startswith(b) or b.startswith(a) for a in _parts(dead) for b in _parts(twin))
 
 
+# namespaces of library functions: their repeated calls (``torch.randn_like``, ``F.normalize``)
+# make values of any kind, not twins
+_LIBRARIES = frozenset({"torch", "F", "nn", "np", "numpy", "math", "random", "time", "os", "functional"})
+
+
+def _callee(call: ast.Call) -> str | None:
+    """The callee's last name (``weak_aug``, ``encoder``), None for a library function."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        root = func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in _LIBRARIES:
+            return None
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
 def _unpacked_twins(s: ast.Assign, names: list[str]) -> dict[str, list[str]]:
     """For an unpacking of pieces of one kind, each target's twins (the other targets made
     alike); empty when the pieces are of different kinds."""
@@ -115,13 +133,19 @@ def _unpacked_twins(s: ast.Assign, names: list[str]) -> dict[str, list[str]]:
     if isinstance(value, ast.Tuple) and len(value.elts) == len(names):
         keys = []
         for e in value.elts:
-            if isinstance(e, ast.Subscript):
-                keys.append(("slice", ast.unparse(e.value)))
-            elif isinstance(e, ast.Call) and e.args:
-                keys.append(("call", ast.unparse(e.args[0])))
+            if isinstance(e, ast.Subscript) and not isinstance(e.slice, ast.Constant):
+                # slices or elements of one array (``x[:k]``, ``x[k:]``, ``grid[n + 1]``);
+                # ``batch[0]``, ``batch["y"]`` pick fields of different kinds
+                keys.append(("slice", ast.unparse(e.value), None))
+            elif isinstance(e, ast.Call) and e.args and _callee(e) is not None:
+                keys.append(("call", ast.unparse(e.args[0]), _callee(e)))
             else:
                 keys.append(None)
-        return {n: [m for m, k2 in zip(names, keys) if m != n and k2 is not None and k2 == k]
+
+        def alike(k, k2):
+            return k2 is not None and k2[:2] == k[:2] and (k[2] is None or _kin(k[2], k2[2]))
+
+        return {n: [m for m, k2 in zip(names, keys) if m != n and alike(k, k2)]
                 for n, k in zip(names, keys) if k is not None}
     return {}
 
@@ -223,7 +247,7 @@ def unread_twins(path: str) -> list[dict]:
                        and t.targets[0].id != target.id and isinstance(t.value, ast.Call)
                        and ast.dump(t.value.func) == ast.dump(s.value.func)
                        and [ast.dump(a) for a in t.value.args] != [ast.dump(a) for a in s.value.args]
-                       and _called(t.value) not in _SIDE_READS]
+                       and _called(t.value) not in _SIDE_READS and _callee(t.value) is not None]
                 if isinstance(s.value.func, ast.Name) and s.value.func.id in functions:
                     # a script function's copy of a batch it is given (``x_adv = attack(model, x, y)``)
                     kin += [a.id for a in s.value.args if isinstance(a, ast.Name) and _kin(target.id, a.id)]
