@@ -41,10 +41,6 @@ BAD = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**", "bad_*.py"), recu
 
 # findings of these fixtures get no edit, and say why or are left to a person:
 NO_EDIT = {
-    # which of two twins was meant (the unread one, or the read one with the other removed) is a person's call
-    "bad_twin_value_unread_denoising.py", "bad_twin_value_unread_log_variance.py",
-    # which fill of a mask given both ways is the wrong one is read from its name: a person confirms
-    "bad_mask_filled_both_ways_pooling.py",
     # which optimizer of which phase should own the left-out head, at which lr, is a person's call
     "bad_lightning_second_fit_head_left_out.py", "bad_head_left_out_after_pretraining.py",
     "bad_param_not_in_optimizer_phase_reuses_optimizer.py",

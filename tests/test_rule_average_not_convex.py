@@ -106,3 +106,15 @@ def test_the_rule_reports_a_step_away_at_its_line(tmp_path):
         "for s, p", "for slow_p, p"))
     f = only(t, SLUG)
     assert f.location.line == 5 and "away from `p`" in f.message
+
+
+def test_a_file_whose_optimizer_stepped_without_a_backward_is_read(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("for x in loader:\n    g = torch.autograd.grad(model(x).sum(), params)\n"
+                    "    opt.step()\n    for slow_p, p in zip(slow, params):\n"
+                    "        slow_p.add_(slow_p - p, alpha=0.5)\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0, 1], line=1)
+    t.step(0, line=3)
+    t.step(0, line=3)
+    assert only(t, SLUG).location.line == 5

@@ -227,7 +227,7 @@ def unread_twins(path: str) -> list[dict]:
     functions = {n.name for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     found, seen = [], set()
     owner_reads: dict[int, set[str]] = {}
-    for body, kind, owner in _scopes(tree):
+    for body, where, owner in _scopes(tree):
         if id(owner) not in owner_reads:
             owner_reads[id(owner)] = _owner_loads(owner)
         all_loads = owner_reads[id(owner)]
@@ -238,7 +238,7 @@ def unread_twins(path: str) -> list[dict]:
             if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
                 names = [e.id for e in target.elts]
                 twins = _unpacked_twins(s, names)
-            elif isinstance(target, ast.Name) and isinstance(s.value, ast.Call) and kind == "loop":
+            elif isinstance(target, ast.Name) and isinstance(s.value, ast.Call) and where == "loop":
                 # (a module output a forward drops is discarded-module-output's, seen at run time)
                 names = [target.id]
                 # the same callee on other arguments, bound to another name in this body

@@ -238,7 +238,7 @@ class AverageNotConvex(Rule):
     once) whose sum is not 1 (`ema = 0.99 * ema + 0.1 * p`); or an update that steps an
     accumulator named for an average (`slow`, `ema`, `avg`, `swa`, `teacher`, `target`...) away
     from the value it follows (`slow.add_(slow - p, alpha=a)`, `ema.sub_(p - ema, alpha=a)`,
-    `avg += a * (avg - p)`: weights `1 + a` and `-a`). Read from the script's source, in the files whose backwards ran.
+    `avg += a * (avg - p)`: weights `1 + a` and `-a`). Read from the script's source, in the files whose backwards (or optimizer steps) ran.
 
     ## Why is this bad?
     An average keeps its scale only when its weights sum to 1. With `a + b > 1` the averaged
@@ -281,7 +281,10 @@ class AverageNotConvex(Rule):
     fix = "weight the new value by 1 - (the old value's weight): `.mul_(d).add_(p, alpha=1 - d)`"
 
     def check(self, a):
-        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None})
+        # the files whose backwards ran, or whose optimizer steps did (gradients taken with
+        # torch.autograd.grad and written to .grad by hand make no backward event)
+        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None}
+                       | {s.loc.path for s in a.steps if s.loc is not None})
         for path in paths:
             tree = a.source.tree(path)
             if tree is None:
