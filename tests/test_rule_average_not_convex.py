@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from graddoctor.rules.average_not_convex import averages
+from graddoctor.rules.average_not_convex import averages, extrapolations
 from graddoctor.trace import TraceBuilder
 from rule_traces import findings, only
 
@@ -64,3 +64,57 @@ def test_the_rule_reads_the_files_whose_backwards_ran(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 5 and f.evidence["old_weight"] == "d" and "1 - d" in f.fix
     assert findings(TraceBuilder(str(tmp_path / "other.py")), SLUG) == []
+
+
+def stepped_away(text):
+    return [(line, acc, other, weight)
+            for line, acc, other, weight in extrapolations(ast.parse(textwrap.dedent(text)))]
+
+
+def test_an_average_stepped_away_from_the_value_it_follows():
+    assert stepped_away("""
+        slow.add_(slow - p, alpha=self.alpha)
+        ema_p.data.sub_(p.data - ema_p.data, alpha=1 - decay)
+        avg += 0.1 * (avg - p)
+        target_w.add_(tau * (target_w - w))
+    """) == [(2, "slow", "p", "self.alpha"), (3, "ema_p", "p", "1 - decay"), (4, "avg", "p", "0.1"),
+             (5, "target_w", "w", "tau")]
+
+
+def test_steps_toward_and_extrapolations_of_plain_iterates_are_not_read():
+    assert stepped_away("""
+        slow.add_(p - slow, alpha=alpha)
+        ema.sub_(ema - p, alpha=1 - decay)
+        avg -= 0.1 * (avg - p)
+        x.add_(x - x_prev, alpha=beta)
+        slow.add_(slow - p, alpha=-0.5)
+    """) == []
+
+
+def test_the_rule_reports_a_step_away_at_its_line(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("for x in loader:\n    model(x).sum().backward()\n    opt.step()\n"
+                    "    for s, p in zip(slow, params):\n        s.add_(s - p, alpha=0.5)\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0, 1], line=1)
+    for _ in range(2):
+        t.backward(fresh=[0, 1], line=2)
+        t.step(line=3)
+    # `s` names no average: a plain iterate may extrapolate on purpose
+    assert findings(t, SLUG) == []
+    path.write_text(path.read_text().replace("s.add_(s - p", "slow_p.add_(slow_p - p").replace(
+        "for s, p", "for slow_p, p"))
+    f = only(t, SLUG)
+    assert f.location.line == 5 and "away from `p`" in f.message
+
+
+def test_a_file_whose_optimizer_stepped_without_a_backward_is_read(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("for x in loader:\n    g = torch.autograd.grad(model(x).sum(), params)\n"
+                    "    opt.step()\n    for slow_p, p in zip(slow, params):\n"
+                    "        slow_p.add_(slow_p - p, alpha=0.5)\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0, 1], line=1)
+    t.step(0, line=3)
+    t.step(0, line=3)
+    assert only(t, SLUG).location.line == 5

@@ -159,6 +159,74 @@ def averages(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     return sorted(set(found))
 
 
+# words of an accumulator that averages what it follows (a name without one may extrapolate on
+# purpose: Nesterov's ``x.add_(x - x_prev, alpha=beta)``)
+_AVERAGING = ("slow", "ema", "avg", "average", "swa", "polyak", "shadow", "teacher", "target", "mean")
+
+
+def _difference(node: ast.AST, acc: str) -> tuple[str, int] | None:
+    """``(other, sign)`` of ``acc - other`` (sign 1) or ``other - acc`` (sign -1)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+        left, right = _root(node.left), _root(node.right)
+        if left == acc and right != acc:
+            return right, 1
+        if right == acc and left != acc:
+            return left, -1
+    return None
+
+
+def _scaled_difference(node: ast.AST, acc: str, known) -> tuple[str, int, ast.AST] | None:
+    """``(other, sign, weight)`` of ``w * (acc - other)`` (either order of the product)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for weight, diff in ((node.left, node.right), (node.right, node.left)):
+            found = _difference(diff, acc)
+            if found is not None and _root(weight) != acc:
+                return found[0], found[1], weight
+    return None
+
+
+def extrapolations(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``(line, accumulator, followed value, weight)`` of each averaging update that moves its
+    accumulator away from the value it follows: ``slow.add_(slow - p, alpha=a)``,
+    ``ema.sub_(p - ema, alpha=a)``, ``avg += a * (avg - p)``; the weights ``1 + a`` and ``-a``
+    sum to 1 but one is negative. Only accumulators named for an average (``_AVERAGING``), and
+    positive or unknown weights."""
+    known = _constants(tree)
+    found = []
+    for node in ast.walk(tree):
+        acc = other = weight = None
+        sign = 0
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("add_", "sub_") and len(node.args) == 1:
+            acc = _root(node.func.value)
+            direction = 1 if node.func.attr == "add_" else -1
+            alpha = next((k.value for k in node.keywords if k.arg == "alpha"), None)
+            diff = _difference(node.args[0], acc) if alpha is not None else None
+            if diff is not None:
+                other, sign, weight = diff[0], diff[1] * direction, alpha
+            else:
+                scaled = _scaled_difference(node.args[0], acc, known) if alpha is None else None
+                if scaled is not None:
+                    other, sign, weight = scaled[0], scaled[1] * direction, scaled[2]
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
+            acc = _root(node.target)
+            scaled = _scaled_difference(node.value, acc, known)
+            if scaled is not None:
+                other, weight = scaled[0], scaled[2]
+                sign = scaled[1] * (1 if isinstance(node.op, ast.Add) else -1)
+        if other is None or sign != 1:
+            continue
+        if not any(word in acc.lower() for word in _AVERAGING):
+            continue
+        negated = isinstance(weight, ast.UnaryOp) and isinstance(weight.op, ast.USub)
+        value = -_value(weight.operand, known) if negated and _value(weight.operand, known) is not None \
+            else _value(weight, known)
+        if negated or (value is not None and value <= 0):
+            continue
+        found.append((node.lineno, acc, other, ast.unparse(weight)))
+    return sorted(set(found))
+
+
 class AverageNotConvex(Rule):
     """
     ## What it does
@@ -167,7 +235,10 @@ class AverageNotConvex(Rule):
     old value kept with `a` and the new one added with `b`, where the source shows the same
     expression for both in an in-place update (`ema.mul_(decay).add_(p, alpha=decay)`,
     `ema.copy_(decay * ema + decay * p)`) or numbers (literals, constants the module assigns
-    once) whose sum is not 1 (`ema = 0.99 * ema + 0.1 * p`). Read from the script's source, in the files whose backwards ran.
+    once) whose sum is not 1 (`ema = 0.99 * ema + 0.1 * p`); or an update that steps an
+    accumulator named for an average (`slow`, `ema`, `avg`, `swa`, `teacher`, `target`...) away
+    from the value it follows (`slow.add_(slow - p, alpha=a)`, `ema.sub_(p - ema, alpha=a)`,
+    `avg += a * (avg - p)`: weights `1 + a` and `-a`). Read from the script's source, in the files whose backwards (or optimizer steps) ran.
 
     ## Why is this bad?
     An average keeps its scale only when its weights sum to 1. With `a + b > 1` the averaged
@@ -197,7 +268,9 @@ class AverageNotConvex(Rule):
     no average); a 0.5/0.5 mean of two tensors; weights the source does not give as numbers or
     as one shared expression (`mul_(a).add_(p, alpha=b)` with `a`, `b` computed at run time); a
     rebinding with one shared name on both sides (`h = a * h + a * x`, `loss = lam * loss + lam
-    * reg`: not known to be an average).
+    * reg`: not known to be an average); a step toward the followed value
+    (`slow.add_(p - slow, alpha=a)`, `ema.sub_(ema - p, alpha=a)`); an extrapolation of an
+    accumulator not named for an average (Nesterov's `x.add_(x - x_prev, alpha=beta)`).
     """
 
     code = "GD352"
@@ -208,11 +281,23 @@ class AverageNotConvex(Rule):
     fix = "weight the new value by 1 - (the old value's weight): `.mul_(d).add_(p, alpha=1 - d)`"
 
     def check(self, a):
-        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None})
+        # the files whose backwards ran, or whose optimizer steps did (gradients taken with
+        # torch.autograd.grad and written to .grad by hand make no backward event)
+        paths = sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None}
+                       | {s.loc.path for s in a.steps if s.loc is not None})
         for path in paths:
             tree = a.source.tree(path)
             if tree is None:
                 continue
+            for line, acc, other, weight in extrapolations(tree):
+                yield self.finding(
+                    f"this update moves `{acc}` away from `{other}`: it adds `{weight}` times "
+                    f"`{acc} - {other}`, so `{acc}` keeps weight `1 + {weight}` and `{other}` gets "
+                    f"`-{weight}` — an extrapolation past `{acc}`, no average of the values it "
+                    f"follows; the averaged (slow, EMA) weights drift away from the trained ones",
+                    Location(path, line, None),
+                    evidence={"accumulator": acc, "followed": other, "weight": weight},
+                    fix=f"step toward the followed value: `{other} - {acc}` in place of `{acc} - {other}`")
             for line, acc, old, new in averages(tree):
                 yield self.finding(
                     f"this running average keeps `{acc}` with weight `{old}` and adds the new value "
