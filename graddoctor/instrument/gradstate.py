@@ -192,7 +192,8 @@ class GradState:
         return bool(self._finite)
 
     def skimmed_backward(self, pids: list) -> None:
-        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them)."""
+        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them).
+        (``BackwardWatcher._skim_backward`` sets the two attributes itself: a frame per turn.)"""
         self.behind_grads = pids
         self.behind_vouched = None
 
@@ -203,7 +204,8 @@ class GradState:
         self.behind_vouched = pids
 
     def skimmed_step(self, pids: list) -> None:
-        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them)."""
+        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them).
+        (``OptimizerWatcher._skim_step`` sets the attribute itself: a frame per turn.)"""
         self.behind_params = pids
 
     def catch_up(self) -> None:
