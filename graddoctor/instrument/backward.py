@@ -889,7 +889,7 @@ class BackwardWatcher:
         if user is None or user.f_code is not code or user.f_lasti != lasti:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
-        if armed[9] is None and self.optimizers._armed_begin is not None and (  # step_armed
+        if armed[9] is None and self.optimizers.step_armed and (
                 (j and steady.skim_answer and steady.skim_turn == steady.closed
                  and len(steady.open) == j)
                 or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)))):
@@ -1002,10 +1002,7 @@ class BackwardWatcher:
         except Exception as exc:
             rec.internal_error("backward (before)", exc)
             ok = False
-        # Recorder.backward_began(None) and backward_ended() inlined (two frames a turn): the
-        # calling thread is ``ident``, which _steady_before tested
-        running = rec.running_backwards
-        running[ident] = None
+        rec.backward_began(None)
         try:
             direct = self._autograd_direct
             loss = args[0]
@@ -1015,7 +1012,7 @@ class BackwardWatcher:
                 return direct[0](loss)
             return original(*args)
         finally:
-            running.pop(ident, None)
+            rec.backward_ended()
             if ok:
                 try:
                     folder = rec.folder
@@ -1026,9 +1023,7 @@ class BackwardWatcher:
                             and len(self._owned) >= len(rec.tensors.refs) == count):
                         self._steps_at_backward = rec.progress.steps
                         self._step_cosine = None
-                        grads = rec.grads  # GradState.skimmed_backward(fresh), inlined
-                        grads.behind_grads = fresh
-                        grads.behind_vouched = None
+                        rec.grads.skimmed_backward(fresh)
                         with rec.lock:  # (no return in a finally: it would drop the result)
                             turn = steady.open  # Folder.skim_take, its first branch inlined
                             if folder.steady is steady and len(turn) == j and j:

@@ -192,8 +192,7 @@ class GradState:
         return bool(self._finite)
 
     def skimmed_backward(self, pids: list) -> None:
-        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them).
-        (``BackwardWatcher._skim_backward`` sets the two attributes itself: a frame per turn.)"""
+        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them)."""
         self.behind_grads = pids
         self.behind_vouched = None
 
@@ -204,8 +203,7 @@ class GradState:
         self.behind_vouched = pids
 
     def skimmed_step(self, pids: list) -> None:
-        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them).
-        (``OptimizerWatcher._skim_step`` sets the attribute itself: a frame per turn.)"""
+        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them)."""
         self.behind_params = pids
 
     def catch_up(self) -> None:

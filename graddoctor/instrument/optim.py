@@ -1294,7 +1294,7 @@ class OptimizerWatcher:
         rec.progress.count_thread_step(opt, rec.script_thread)
         try:
             self.closure_step = None
-            rec.grads.behind_params = pids  # GradState.skimmed_step(pids), inlined
+            rec.grads.skimmed_step(pids)
             with rec.lock:  # Folder.skim_take, its first branch inlined (a frame per turn)
                 turn = steady.open
                 if folder.steady is steady and len(turn) == j and j:
