@@ -50,3 +50,29 @@ def test_unscale_rebases_what_an_edit_is_judged_against():
     assert factors.untracked(1, [0], [grad], skip=set()) == []
     grad.data.div_(2)  # then the script's own edit
     assert factors.untracked(1, [0], [grad], skip=set()) == [0]
+
+
+def test_unscale_rebases_only_the_samples_of_the_latest_backward(monkeypatch):
+    """``GradScaler.unscale_`` re-bases the samples only while they are the latest backward's:
+    older ones are never compared again, and re-basing them on every later step was dead work."""
+    from graddoctor.instrument import Instrumentation, Recorder
+    from graddoctor.location import LocationFinder
+
+    rebased = []
+    rebase = EditFactors.rebase
+    monkeypatch.setattr(EditFactors, "rebase",
+                        lambda self, pids, grads: (rebased.append(self._at), rebase(self, pids, grads)))
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None, finder=LocationFinder())
+    with Instrumentation(rec):
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        x = torch.randn(8, 4)
+        for _ in range(20):
+            opt.zero_grad()
+            scaler.scale(model(x).pow(2).mean()).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+    assert rebased and rebased == list(range(1, len(rebased) + 1)) and len(rebased) < 20

@@ -595,18 +595,15 @@ class PerLine:
     each backward line (a phase that starts later has a line of its own), ``lines`` lines at
     most."""
 
-    __slots__ = ("per_line", "lines", "seen", "_filled")
+    __slots__ = ("per_line", "lines", "seen", "_filled", "exhausted")
 
     def __init__(self, per_line: int, lines: int):
         self.per_line, self.lines = per_line, lines
         self.seen: dict = {}  # backward location -> backwards looked at
         self._filled = 0  # lines of ``seen`` looked at ``per_line`` times
-
-    @property
-    def exhausted(self) -> bool:
-        """No backward will be admitted again (checked before any other work, at every backward
-        of a run: two comparisons, no pass over the lines)."""
-        return len(self.seen) >= self.lines and self._filled == len(self.seen)
+        # No backward will be admitted again (read before any other work, at every backward of
+        # a run: an attribute, set where it changes, not a property's frame per reader)
+        self.exhausted = lines <= 0
 
     def admit(self, loc) -> bool:
         """Whether the backward at ``loc`` is looked at (counted when it is). A ``loc`` turned
@@ -617,6 +614,7 @@ class PerLine:
         self.seen[loc] = seen + 1
         if seen + 1 == self.per_line:
             self._filled += 1
+        self.exhausted = len(self.seen) >= self.lines and self._filled == len(self.seen)
         return True
 
 

@@ -913,9 +913,13 @@ class OptimizerWatcher:
 
     def _unscaled(self, pids: list[int]) -> None:
         """``GradScaler.unscale_`` divided these grads in place: what a later edit through
-        ``.data`` is compared with from now on."""
+        ``.data`` is compared with from now on. Samples older than the latest backward are
+        never compared again (``EditFactors.untracked`` and ``factors`` read only the latest
+        backward's): past the sampled backwards nothing is read (as the clip's ``_follow``)."""
         try:
-            self.edit_factors.rebase(pids, grads_of(tensors_of(self.rec.tensors.refs, pids)))
+            factors = self.edit_factors
+            if factors.sampled_at(self.rec.progress.backward_calls):
+                factors.rebase(pids, grads_of(tensors_of(self.rec.tensors.refs, pids)))
         except Exception as exc:
             self.rec.internal_error("GradScaler.unscale_ (edit samples)", exc)
 

@@ -546,8 +546,10 @@ class TargetGradWatcher:
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
 
+        window = watcher.loss_window
+
         def before(args, kwargs) -> None:
-            if watcher.loss_window.closed and watcher._lines.exhausted:
+            if window.taken >= window.size and watcher._lines.exhausted:  # (window.closed)
                 return
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
