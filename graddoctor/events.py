@@ -1163,6 +1163,14 @@ class_axis         fn ("softmax" or "log_softmax"), shape (its result's sizes), 
                    class scores normalised over another axis than the one the loss picks the
                    class along — at the first 3 backwards, once per function, shape, axes and how
                    (loc: the backward; an aside; instrument/classaxis.py)
+loglik_minimised   picks (how many picks of log-probabilities the loss's linear top reaches):
+                   a loss that rises with the log-probability of the served labels (each pick
+                   a gather or index of a log_softmax, or the log of one of a softmax, reached
+                   with a positive sign only through means, sums, views and factors of one
+                   sign; its index the integer labels of the latest DataLoader batch): a
+                   hand-written negative log-likelihood without its minus — at the first 3
+                   backwards, once per backward line (loc: the backward; an aside;
+                   instrument/loglikesign.py)
 gather_batch       shape (the gather's input sizes), index (its index's sizes), largest (the
                    index's largest value), batch (the samples: dim 0): a gather on the loss's
                    path along dim 0 of a per-sample tensor (another axis longer than 1, not a
@@ -2637,6 +2645,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
+def loglik_minimised(*, picks: int) -> Made:
+    return "loglik_minimised", {"picks": picks}
+
+
 def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int,
                  crossed: bool = False) -> Made:
     return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch,
@@ -2851,6 +2863,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
     "gather_batch": gather_batch,
+    "loglik_minimised": loglik_minimised,
     "weighted_reduced": weighted_reduced,
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
@@ -2924,7 +2937,7 @@ ASIDE_KINDS = frozenset({"self_product_offset", "dropout_default", "class_weight
                          "padding_pooled",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "loglik_minimised", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "spread_minimised", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "cumulative_axis", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

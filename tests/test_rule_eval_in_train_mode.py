@@ -307,3 +307,48 @@ def test_a_result_bound_to_a_name_its_function_never_reads_is_dropped(tmp_path):
     assert check(EvalInTrainMode, _validation_after_update(path)) == []
     path.write_text(body + "        print(output.shape)\n")
     assert lines(check(EvalInTrainMode, _validation_after_update(path))) == [8]
+
+
+def _evaluation_after_a_train_call(path, steps_after=False):
+    """Each epoch: train() (line 1), a forward and an update, then train() again (line 6) and a
+    no-grad pass (line 8); ``steps_after``: an update follows that second train() call too."""
+    from graddoctor.trace import TraceBuilder
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0])
+    bn(t, 0)
+    for _epoch in range(2):
+        mode_set(t, True, [0], line=1)
+        fwd(t, [0], line=2)
+        update(t, line=3)
+        mode_set(t, True, [0], line=6)
+        fwd(t, [0], line=8, grad=False, calls=3)
+        if steps_after:
+            fwd(t, [0], line=2)
+            update(t, line=3)
+    end(t)
+    return t
+
+
+EVALUATE_AFTER_TRAIN = ("model.train()\nout = model(x)\nloss.backward()\nopt.step()\n"
+                        "def evaluate(loader):\n    model.train()  # copied\n    with torch.no_grad():\n"
+                        "        for x, y in loader: acc = model(x).argmax(1)\n")
+
+
+def test_a_train_call_that_only_precedes_no_grad_passes_is_the_line_reported(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(EVALUATE_AFTER_TRAIN)
+    (finding,) = check(EvalInTrainMode, _evaluation_after_a_train_call(path))
+    assert finding.location.line == 6 and finding.fix == "`model.eval()`"
+    assert finding.evidence["train_call_meant_eval"] is True
+    assert "eval() was meant" in finding.message
+    assert [r.location.line for r in finding.related] == [8]
+
+
+def test_a_train_call_followed_by_a_step_is_not_the_line_reported(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(EVALUATE_AFTER_TRAIN)
+    (finding,) = check(EvalInTrainMode, _evaluation_after_a_train_call(path, steps_after=True))
+    assert finding.location.line == 8 and "train_call_meant_eval" not in finding.evidence
+    path.write_text(EVALUATE_AFTER_TRAIN.replace("model.train()  # copied", "model.train(True)"))
+    (finding,) = check(EvalInTrainMode, _evaluation_after_a_train_call(path))
+    assert finding.location.line == 8  # not a bare train() call: the usual report

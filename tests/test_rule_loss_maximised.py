@@ -129,3 +129,127 @@ def test_optimizers_stepping_between_each_others_steps_stay_silent():
         t.backward(fresh=[0, 1], line=11, loss_negated="NllLossBackward0")
         t.step(0, line=12)
     assert findings(t, SLUG) == []
+
+
+# a hand-written log-likelihood of the served labels minimised (instrument/loglikesign.py)
+
+HAND_SCRIPT = """\
+import torch
+model = make()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    logp = torch.log_softmax(model(x), dim=1)
+    logp_y = logp.gather(1, y[:, None]).squeeze(1)
+    loss = (weights[y] * logp_y).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def _hand_trace(tmp_path, text=HAND_SCRIPT, optimizers=1):
+    from graddoctor import events as ev
+    from graddoctor.trace import TraceBuilder
+
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0, 1], line=3)
+    for opt in range(1, optimizers):
+        t.optimizer(opt, [2], line=3)
+    t.put(ev.loglik_minimised(picks=1), 8)
+    for _ in range(3):
+        for opt in range(optimizers):
+            t.clear([0, 1] if opt == 0 else [2], line=8)
+            t.backward(fresh=[0, 1] if opt == 0 else [2], line=8)
+            t.step(opt, line=8)
+    return t
+
+
+def test_a_hand_written_likelihood_minimised_is_a_warning_at_its_unsigned_statement(tmp_path):
+    f = only(_hand_trace(tmp_path), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 7
+    assert "grows with the log-probability" in f.message
+    assert "`loss = -((weights[y] * logp_y).mean())`" in f.fix
+
+
+def test_players_that_alternate_stay_silent_on_a_hand_written_likelihood(tmp_path):
+    assert findings(_hand_trace(tmp_path, optimizers=2), SLUG) == []
+
+
+def test_the_unsigned_statement_is_found_and_negated_ones_are_not(tmp_path):
+    from graddoctor.analysis.logliklines import unsigned_loglik_line
+
+    path = tmp_path / "a.py"
+    path.write_text(HAND_SCRIPT)
+    assert unsigned_loglik_line(str(path)) == (7, "loss = (weights[y] * logp_y).mean()")
+    negated = ("loss = -(weights[y] * logp_y).mean()", "loss = (weights[y] * -logp_y).mean()",
+               "loss = 0.0 - (weights[y] * logp_y).mean()")
+    for number, fixed in enumerate(negated):
+        other = tmp_path / f"fixed{number}.py"
+        other.write_text(HAND_SCRIPT.replace("loss = (weights[y] * logp_y).mean()", fixed))
+        assert unsigned_loglik_line(str(other)) is None, fixed
+
+
+L = torch.randn(8, 4, requires_grad=True)
+LABELS = torch.randint(0, 4, (8,))
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: L.log_softmax(1).gather(1, LABELS[:, None]).mean(),
+    lambda: ((1 - L.softmax(1).gather(1, LABELS[:, None])) ** 2 * L.log_softmax(1).gather(1, LABELS[:, None])).mean(),
+    lambda: (torch.rand(8) * L.log_softmax(1)[torch.arange(8), LABELS]).sum() / 8.0,
+    lambda: torch.log(L.softmax(-1).gather(1, LABELS[:, None])).mean() + L.pow(2).mean(),
+    lambda: -(-L.log_softmax(1).gather(1, LABELS[:, None]).mean()),
+])
+def test_likelihoods_that_rise_with_the_loss_are_picked_with_a_positive_sign(loss):
+    from graddoctor.instrument.loglikesign import holds_labels, signed_picks
+
+    picks = signed_picks(loss().grad_fn)
+    assert picks and all(sign > 0 for sign, _ in picks)
+    assert any(holds_labels(index, (torch.randn(8, 3), LABELS)) for _, index in picks)
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: -L.log_softmax(1).gather(1, LABELS[:, None]).mean(),
+    lambda: F.nll_loss(L.log_softmax(1), LABELS),
+    lambda: -((1 - L.softmax(1).gather(1, LABELS[:, None])) ** 2 * L.log_softmax(1).gather(1, LABELS[:, None])).mean(),
+    lambda: (torch.randn(8) * L.log_softmax(1)[torch.arange(8), LABELS]).mean(),  # advantages of both signs
+    lambda: (L.softmax(1) * L.log_softmax(1)).sum(1).mean(),  # a negative entropy: no pick
+])
+def test_negated_or_unsigned_likelihoods_are_not(loss):
+    from graddoctor.instrument.loglikesign import signed_picks
+
+    assert all(sign < 0 for sign, _ in signed_picks(loss().grad_fn))
+
+
+def test_the_watcher_needs_the_served_labels_as_its_index():
+    from graddoctor.instrument.loglikesign import LogLikelihoodSignWatcher
+
+    class _Rec:
+        def __init__(self):
+            self.emitted = []
+
+        def emit_aside(self, made, loc=None):
+            self.emitted.append(made)
+
+        def here(self):
+            return None
+
+        def retire(self, *args):
+            pass
+
+        def subscribe(self, *args):
+            pass
+
+        def internal_error(self, what, exc):
+            raise exc
+
+    rec = _Rec()
+    watcher = LogLikelihoodSignWatcher(rec)
+    watcher.served(0, 0, 0, (torch.randn(8, 3), LABELS))
+    sampled = torch.multinomial(torch.full((8, 4), 0.25), 1)
+    while torch.equal(sampled.squeeze(1), LABELS):
+        sampled = torch.multinomial(torch.full((8, 4), 0.25), 1)
+    watcher.describe_loss(L.log_softmax(1).gather(1, sampled).mean())  # sampled actions: a cost's REINFORCE
+    assert rec.emitted == []
+    watcher.describe_loss(L.log_softmax(1).gather(1, LABELS[:, None]).mean())
+    assert len(rec.emitted) == 1 and rec.emitted[0][0] == "loglik_minimised"

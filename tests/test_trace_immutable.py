@@ -178,6 +178,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_softmax_over_batch_dice.py",  # softmax_batch
             "losses/bad_reduced_over_batch_hinge.py",  # reduce_batch
             "losses/bad_gather_over_batch_dqn.py",  # gather_batch
+            "losses/bad_loss_maximised_hand_written_nll.py",  # loglik_minimised
             "losses/bad_ordinal_level_always_on_coral.py",  # ordinal_shifted
             "losses/bad_weights_on_reduced_loss_mask.py",  # weighted_reduced
             "losses/bad_class_axis_mismatch_tagger.py",  # class_axis

@@ -11,6 +11,7 @@ import os
 import re
 from functools import lru_cache, wraps
 
+from .logliklines import unsigned_loglik_line
 from .promptlines import mask_line as prompt_mask_line
 from .promptlines import padding_mask_line
 
@@ -147,6 +148,9 @@ class ScriptSource:
 
     def degree_power_line(self, path: str) -> tuple[int, str] | None:
         return degree_power_line(self.full(path))
+
+    def unsigned_loglik_line(self, path: str) -> tuple[int, str] | None:
+        return unsigned_loglik_line(self.full(path))
 
     def self_scatter_line(self, path: str) -> tuple[int, str] | None:
         return self_scatter_line(self.full(path))

@@ -93,6 +93,7 @@ from .repeatedterm import RepeatedTermWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .gatherbatch import GatherBatchWatcher
+from .loglikesign import LogLikelihoodSignWatcher
 from .reducedweight import ReducedWeightWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
@@ -287,6 +288,12 @@ class Instrumentation:
         gather_batch = GatherBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, gather_batch.describe_loss)
         self.watchers.append(gather_batch)
+        # a hand-written log-likelihood of the served labels minimised, its minus missing
+        # (loss-maximised): the loss's linear top walked at the first backwards, no wrapper
+        loglik_sign = LogLikelihoodSignWatcher(rec)
+        rec.subscribe(BATCH_SERVED, loglik_sign.served)
+        rec.subscribe(DESCRIBE_LOSS, loglik_sign.describe_loss)
+        self.watchers.append(loglik_sign)
         # per-sample factors multiplied into a loss torch already reduced over the batch
         # (weights-on-reduced-loss): the graph of the first backwards walked, no wrapper
         weighted_reduced = ReducedWeightWatcher(rec)

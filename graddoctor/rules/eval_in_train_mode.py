@@ -11,7 +11,11 @@ class EvalInTrainMode(Rule):
     Finds forwards that run BatchNorm layers in train mode under `torch.no_grad()` or
     `torch.inference_mode()` outside any training update — a validation or inference pass
     without `model.eval()`. It points at that forward call, or at a `model.eval` statement
-    without parentheses above it in the same function (or epoch loop): that no-op is the bug.
+    without parentheses above it in the same function (or epoch loop): that no-op is the bug;
+    or at the `model.train()` call that put the model in train mode for the pass when every
+    time it ran no optimizer step followed before the next `train()`/`eval()` call while
+    another `train()` line precedes the updates (the epoch's first line copied into an
+    evaluation helper): `eval()` was meant there.
     Deliberate recalibration (`torch.optim.swa_utils.update_bn`, a pass after
     `reset_running_stats()`, `momentum=None`, a forward whose result nothing keeps:
     `model(x)` as a statement of its own, or `output = model(x)` whose name its function
@@ -78,6 +82,12 @@ class EvalInTrainMode(Rule):
         bare = call_bare_method(src, finding.location.line, ("eval",))
         if bare is not None:
             return self.edit("call the eval the statement only names", bare)
+        if finding.evidence.get("train_call_meant_eval"):
+            calls = method_calls(src, "train", line=finding.location.line)
+            if len(calls) != 1 or calls[0].args:
+                return None
+            return self.edit("switch to eval mode where train mode was set",
+                             src.replace(calls[0].func.attr, "eval"))
         here = src.statement_at(finding.location.line)
         block = next((a for a in here.ancestors() if a.syntax == "With" and any(
             src.code(item.item).split("(")[0].split(".")[-1] in ("no_grad", "inference_mode")
@@ -134,6 +144,13 @@ class EvalInTrainMode(Rule):
             fix, at, relations = None, where, [related(cause, "train() here left the model in train mode",
                                                        Role.TRAIN_CALL)]
             bare = _bare_eval(a, where)
+            meant = _train_meant_eval(a, cause, where) if bare is None else None
+            if meant is not None:  # a train() call that only ever precedes no-grad passes
+                at, fix = meant[0], f"`{meant[1].replace('.train()', '.eval()', 1)}`"
+                message = (f"`{meant[1]}` puts the model in train mode right before a pass that only "
+                           f"evaluates (no optimizer step follows it before the next mode change): "
+                           f"eval() was meant. The forward {message[len('this forward '):]}")
+                relations = [related(f.event, "the forward that runs in train mode")]
             if bare is not None:  # `model.eval` named, not called: that statement is the bug
                 at, fix = bare[0], f"call it: {bare[1]}()"
                 message = (f"`{bare[1]}` names the method without calling it, so the model stays in "
@@ -145,7 +162,8 @@ class EvalInTrainMode(Rule):
                 related=tuple(relations),
                 step=f.steps_before or None,
                 evidence={"layers": [tl.name(m) for m in mids], "calls": f.event.get("calls", 1),
-                          "inference_mode": bool(f.event.get("inference"))},
+                          "inference_mode": bool(f.event.get("inference")),
+                          **({"train_call_meant_eval": True} if meant is not None else {})},
             )
 
 
@@ -191,3 +209,36 @@ def _bare_eval(a, loc):
 
     lines = a.source.bare_method_before(loc.path, loc.line, "eval")
     return (replace(loc, line=lines[-1][0]), lines[-1][1]) if lines else None
+
+
+def _train_meant_eval(a, cause, forward_loc):
+    """``(location, text)`` of the ``X.train()`` call that left the model in train mode for this
+    no-grad pass when that call (each time its line ran) is followed by no optimizer step before
+    the next ``train()``/``eval()`` call, while the run steps after a train() call of another
+    line: a statement that sets up only evaluation passes, where ``eval()`` was meant (the
+    epoch's ``model.train()`` copied below the training loop). None otherwise."""
+    loc = getattr(cause, "loc", None)
+    if loc is None or loc.via or not loc.path or forward_loc is None or loc.path != forward_loc.path \
+            or not a.steps:
+        return None
+    text = a.source.line_text(loc.path, loc.line).split("#")[0].strip()
+    if text.count(".train()") != 1 or not text.endswith(".train()") or "=" in text:
+        return None
+    mode_sets = sorted((e for kind in ("train", "eval") for e in a.by_kind.get(kind, ())),
+                       key=lambda e: e.seq)
+    step_seqs = [s.seq for s in a.steps]
+    own = other_steps = 0
+    for i, e in enumerate(mode_sets):
+        if e.kind != "train" or e.loc is None:
+            continue
+        end = mode_sets[i + 1].seq if i + 1 < len(mode_sets) else float("inf")
+        stepped = any(e.seq < s < end for s in step_seqs)
+        if e.loc.path == loc.path and e.loc.line == loc.line:
+            own += 1
+            if stepped:
+                return None
+        elif stepped:
+            other_steps += 1
+    if not own or not other_steps:
+        return None
+    return loc, text

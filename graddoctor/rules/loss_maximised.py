@@ -27,13 +27,25 @@ def _interleaved(a, opt, steps) -> bool:
     return any(s["opt"] != opt and first < s.seq < last for s in a.steps)
 
 
+def _negated(text: str) -> str | None:
+    """``loss = expr`` as ``loss = -(expr)``, or None when the text is no single assignment."""
+    name, sep, value = text.partition(" = ")
+    if not sep or not name.strip().isidentifier() or "=" in value.replace("==", ""):
+        return None
+    return f"{name.strip()} = -({value.strip()})"
+
+
 class LossMaximised(Rule):
     """
     ## What it does
     Finds a training loop whose only optimizer steps on the negative of a torch loss function
     (`loss = -F.cross_entropy(out, y)`, `criterion(out, y) * -1`, `1 - criterion(out, y)`) or on
     its reciprocal (`1 / F.mse_loss(out, y)`, `1 / (loss + eps)`) at every update: gradient
-    ascent on a loss that is minimised by definition.
+    ascent on a loss that is minimised by definition. The same mistake written by hand: a
+    negative log-likelihood without its minus (`(1 - p_t) ** gamma * logp_t`, `(w[y] *
+    log_probs[range(n), y]).mean()`), where the loss rises with the log-probability of the labels
+    the DataLoader served (a `gather` or index of a `log_softmax`, reached through means, sums
+    and factors of one sign only).
 
     ## Why is this bad?
     The optimizer minimises what it is given; minimising `-loss` maximises the loss. The model
@@ -66,7 +78,11 @@ class LossMaximised(Rule):
     score written by hand (`1 / (dice + eps)`); a loss divided by a computed baseline
     (`mse / baseline.detach()`); a sum of terms one of
     which is negated (a gradient-reversal objective); `F.l1_loss` and `kl_div`, which torch
-    builds from plain ops (not recognised).
+    builds from plain ops (not recognised). For a hand-written log-likelihood: one picked at
+    sampled actions rather than the served labels (REINFORCE minimising a cost's
+    `(cost * logp_a).mean()`), weighted by factors of both signs (advantages), or a loss that
+    also holds a negated pick (a contrast of two likelihoods); a negative entropy
+    (`(p * log_p).sum(1)`: no pick).
     """
 
     code = "GD127"
@@ -115,3 +131,43 @@ class LossMaximised(Rule):
                      + ("reciprocal (`loss = criterion(out, y)`, not `1 / criterion(out, y)`)"
                         if reciprocal else "minus sign or the negative factor")
                      + " (to maximise a score, negate the score, not a loss function)"))
+        yield from self._hand_written(a, steps_of)
+
+    def _hand_written(self, a, steps_of):
+        """A hand-written log-likelihood of the served labels minimised (``loglik_minimised``)
+        by optimizers that each minimise their own loss, with two steps or more."""
+        events = a.by_kind.get("loglik_minimised", ())
+        if not events or sum(len(s) for s in steps_of.values()) < 2:
+            return
+        for opt, steps in steps_of.items():
+            if _interleaved(a, opt, steps):
+                return  # a player of a game may ascend on purpose
+            if len(steps_of) > 1 and not all(
+                    (a.params.get(pid) or {}).get("is_parameter") for pid in a.opt_params.get(opt, ())):
+                return  # a phase that optimises plain tensors (an attack's perturbation)
+        told: set = set()
+        for event in events:
+            loc = event.loc
+            if loc is None:
+                continue
+            text = None
+            found = a.source.unsigned_loglik_line(loc.path)
+            if found is None:
+                found = a.source.loss_assignment(loc.path, loc.line)
+            if found is not None:
+                loc, text = Location(loc.path, found[0]), found[1]
+            if (loc.path, loc.line) in told:
+                continue
+            told.add((loc.path, loc.line))
+            opt = next(iter(steps_of))
+            said = f"`{text}`" if text else "the loss"
+            yield self.finding(
+                f"{said} grows with the log-probability the model gives the served labels (picked "
+                f"from a log_softmax, weighted only by non-negative factors, with no minus sign), "
+                f"and {a.optimizer_class(opt)} minimises it: each step lowers the probability of the "
+                f"right class, so the model is trained away from its labels (the printed loss is "
+                f"negative and keeps falling)",
+                loc,
+                evidence={"picks": event.get("picks"), "optimizer": opt},
+                fix=("negate the log-likelihood: a negative log-likelihood is `-(weight * log_prob)`"
+                     + (f" (`{_negated(text)}`)" if text and _negated(text) else "")))
