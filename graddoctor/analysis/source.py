@@ -377,7 +377,7 @@ class ScriptSource:
         if tree is None:
             return None
         found = []
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in ("scatter", "scatter_"):
                 dim = node.args[0] if node.args else next(
@@ -423,21 +423,25 @@ def _tree(text: str) -> ast.AST | None:
         tree = ast.parse(text)
     except Exception:
         return None
-    tree._graddoctor_nodes = None  # its nodes, listed by ``walk`` on first use
+    tree._graddoctor_nodes = None  # its nodes and theirs, listed by ``walk`` on first use
+    walk(tree)
     return tree
 
 
 def walk(node: ast.AST):
-    """``ast.walk(node)``, the same nodes in the same order. A whole file parsed here (``_tree``:
-    shared and never changed) lists its nodes once, on its first walk: the rules and the
-    report walk each file dozens of times per check (every ``innermost_loop``,
-    ``_enclosing_function``, whole-file search), and each walk of ``ast.walk`` builds every
-    node's children again."""
+    """``ast.walk(node)``: the same nodes in the same order. A file parsed here (``_tree``: shared
+    and never changed) lists its nodes once, on its first walk, and marks them so that a walk of
+    any of them is listed once too: the rules walk each file, and each function and statement of
+    it, hundreds of times per check, and each walk of ``ast.walk`` builds every node's children
+    again. A node of any other tree (a rule's own parse, which it may change) is walked afresh."""
     nodes = getattr(node, "_graddoctor_nodes", _UNLISTED)
     if nodes is _UNLISTED:
         return ast.walk(node)
     if nodes is None:
         nodes = node._graddoctor_nodes = tuple(ast.walk(node))
+        if isinstance(node, ast.Module):
+            for inner in nodes[1:]:
+                inner._graddoctor_nodes = None
     return iter(nodes)
 
 
@@ -446,7 +450,17 @@ _UNLISTED = object()
 
 def scope_walk(node: ast.AST):
     """The nodes under ``node``, not entering nested functions, lambdas or classes (their names
-    are their own): one function's (or the module's) statements and expressions."""
+    are their own): one function's (or the module's) statements and expressions. Listed once per
+    node of a shared file (see ``walk``)."""
+    if getattr(node, "_graddoctor_nodes", _UNLISTED) is _UNLISTED:
+        return _scope_nodes(node)
+    nodes = getattr(node, "_graddoctor_scope", None)
+    if nodes is None:
+        nodes = node._graddoctor_scope = tuple(_scope_nodes(node))
+    return iter(nodes)
+
+
+def _scope_nodes(node: ast.AST):
     stack = list(ast.iter_child_nodes(node))
     while stack:
         n = stack.pop()
@@ -1523,7 +1537,7 @@ def full_sums(path: str) -> list[tuple[int, str]]:
     if tree is None:
         return []
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) \
                 or node.func.attr != "sum" or node.keywords:
             continue
@@ -2083,7 +2097,7 @@ def _helper_call_in_ratio(tree: ast.AST, line: int) -> tuple[int, str] | None:
         return None
 
     def calls_helper(node: ast.AST) -> bool:
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.Call):
                 f = sub.func
                 if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) == function.name:
@@ -2221,7 +2235,7 @@ def _rescales(node: ast.AST, name: str) -> bool:
     else:
         return False
     return ok_target and isinstance(op, (ast.Div, ast.Mult)) \
-        and not any(isinstance(n, ast.Call) for n in ast.walk(value))
+        and not any(isinstance(n, ast.Call) for n in walk(value))
 
 
 def loss_term_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
@@ -3270,7 +3284,7 @@ def _names_times_log(tree: ast.AST) -> set[str]:
     ``-(t * torch.log(p))``): a soft target's."""
     def logged(node: ast.AST) -> bool:
         return any(isinstance(n, ast.Call) and _callee_name(n) in ("log_softmax", "log")
-                   for n in ast.walk(node))
+                   for n in walk(node))
 
     logs = {t.id for node in walk(tree) if isinstance(node, ast.Assign) and logged(node.value)
             for t in node.targets if isinstance(t, ast.Name)}
@@ -3282,7 +3296,7 @@ def _names_times_log(tree: ast.AST) -> set[str]:
             if isinstance(side, ast.UnaryOp):
                 side = side.operand
             if isinstance(side, ast.Name) and (logged(other) or any(
-                    isinstance(n, ast.Name) and n.id in logs for n in ast.walk(other))):
+                    isinstance(n, ast.Name) and n.id in logs for n in walk(other))):
                 names.add(side.id)
     return names
 
@@ -3306,7 +3320,7 @@ def label_weight_tables(path: str) -> list[tuple[int, str, str]]:
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
             continue
         for side in (node.left, node.right):
-            for sub in ast.walk(side):
+            for sub in walk(side):
                 if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) \
                         and isinstance(sub.slice, (ast.Name, ast.Attribute)):
                     lookups.setdefault(sub.value.id, sub.lineno)
@@ -3316,7 +3330,7 @@ def label_weight_tables(path: str) -> list[tuple[int, str, str]]:
                 and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
                 and n.targets[0].id == name]
         made = [n for n in made if not any(isinstance(m, ast.Name) and m.id == name
-                                           for m in ast.walk(n.value))]
+                                           for m in walk(n.value))]
         if made:
             last = max(made, key=lambda n: n.lineno)
             found.append((last.lineno, ast.unparse(last), name))
@@ -3356,7 +3370,7 @@ def gather_first_axis_calls(path: str) -> list[tuple[int, str]]:
     if tree is None:
         return []
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -3465,17 +3479,17 @@ def factor_branch_line(path: str, line: int, function: str) -> int | None:
         return None  # an inline lambda: its branch is on the constructor's line
     params = body.args.args
     step = params[0].arg
-    branches = [n for n in ast.walk(body) if isinstance(n, (ast.If, ast.IfExp))
+    branches = [n for n in walk(body) if isinstance(n, (ast.If, ast.IfExp))
                 and any(isinstance(c, ast.Compare) and any(isinstance(m, ast.Name) and m.id == step
-                                                           for m in ast.walk(c))
-                        for c in ast.walk(n.test))]
+                                                           for m in walk(c))
+                        for c in walk(n.test))]
     return branches[0].lineno if len(branches) == 1 else None
 
 
 def _names_loss(node: ast.AST) -> bool:
     """Whether ``node`` reads a name or attribute that names a loss (``loss``, ``self.best_loss``,
     ``smoothed_loss``, ``self.losses[-1]``)."""
-    for n in ast.walk(node):
+    for n in walk(node):
         ident = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
         if "loss" in ident.lower():
             return True
@@ -3500,13 +3514,13 @@ def stops_on_divergence(path: str, line: int) -> bool:
         if not isinstance(node, ast.If):
             continue
         test = node.test
-        compares = any(isinstance(n, ast.Compare) and _names_loss(n) for n in ast.walk(test))
+        compares = any(isinstance(n, ast.Compare) and _names_loss(n) for n in walk(test))
         non_finite = any(isinstance(n, ast.Call) and _callee_name(n) in ("isnan", "isinf")
-                         and _names_loss(n) for n in ast.walk(test))
+                         and _names_loss(n) for n in walk(test))
         if not (compares or non_finite):
             continue
         if any(isinstance(n, (ast.Break, ast.Return, ast.Raise)) for stmt in node.body
-               for n in ast.walk(stmt)):
+               for n in walk(stmt)):
             return True
     return False
 
@@ -3527,7 +3541,7 @@ def factor_capped(path: str, line: int, function: str) -> bool:
 def _body_capped(body: ast.AST) -> bool:
     """Whether a schedule's text has a ceiling: a branch, a ``min`` of two terms or more, a
     clamp with an upper bound, or a step taken modulo a period (a cycle)."""
-    for node in ast.walk(body):
+    for node in walk(body):
         if isinstance(node, (ast.IfExp, ast.If)):
             return True
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
@@ -3576,7 +3590,7 @@ def _degree(node, names: set) -> int | None:
     if isinstance(node, ast.Constant):
         return 0 if isinstance(node.value, (int, float)) else None
     if isinstance(node, (ast.Attribute, ast.Subscript)):
-        return 0 if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node)) else None
+        return 0 if not any(isinstance(n, ast.Name) and n.id in names for n in walk(node)) else None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _degree(node.operand, names)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
@@ -3589,7 +3603,7 @@ def _degree(node, names: set) -> int | None:
             return None
         return max(left, right)
     if isinstance(node, ast.Call) and not any(isinstance(n, ast.Name) and n.id in names
-                                              for n in ast.walk(node)):
+                                              for n in walk(node)):
         return 0  # a call that does not see the step (len(batches)): a constant
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _STRAIGHT_CALLS \
             and node.args and not node.keywords:
@@ -5000,11 +5014,11 @@ def _called_defs(tree: ast.AST, func: ast.AST) -> list[ast.AST]:
     if name is None:
         return []
     kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
-    defs = [d for d in ast.walk(tree) if isinstance(d, kinds) and d.name == name]
+    defs = [d for d in walk(tree) if isinstance(d, kinds) and d.name == name]
     if defs:
         return defs
     text = ast.unparse(func)
-    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+    classes = {c.name: c for c in walk(tree) if isinstance(c, ast.ClassDef)}
     for _, value in _assigned_values(tree, text):
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
             defs += [d for d in classes[value.func.id].body if isinstance(d, kinds) and d.name == "forward"]
@@ -5017,7 +5031,7 @@ def _returned_values(tree: ast.AST, scope: ast.AST, text: str) -> list[tuple[int
     = model(q, k)``): the value at the same place of each ``return`` of the function of that name
     (of each ``forward``, for a call of a module), in the function's own scope. One level."""
     found = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
             continue
         for t in node.targets:
@@ -5029,7 +5043,7 @@ def _returned_values(tree: ast.AST, scope: ast.AST, text: str) -> list[tuple[int
             else:
                 continue
             for d in _called_defs(tree, node.value.func):
-                for ret in ast.walk(d):
+                for ret in walk(d):
                     if not isinstance(ret, ast.Return) or ret.value is None:
                         continue
                     if size is None:
@@ -5179,7 +5193,7 @@ def squeeze_assignment(path: str, line: int, position: int) -> tuple[int, str, s
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree)
+    calls = [node for node in walk(tree)
              if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
              and len(node.args) > position and isinstance(node.args[position], ast.Name)]
     if len(calls) != 1:
@@ -5204,7 +5218,7 @@ def keyword_argument(path: str, callee: str, keywords: tuple) -> tuple[int, str]
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and _call_name(node) == callee]
+    calls = [node for node in walk(tree) if isinstance(node, ast.Call) and _call_name(node) == callee]
     if len(calls) != 1:
         return None
     for keyword in keywords:
@@ -5892,12 +5906,12 @@ def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
 def _log_probability_call(node: ast.AST) -> bool:
     """Whether ``node`` holds a log-softmax: ``F.log_softmax(...)``, ``x.log_softmax(...)``,
     ``torch.log(F.softmax(...))``."""
-    for call in ast.walk(node):
+    for call in walk(node):
         if isinstance(call, ast.Call) and _last_name(call.func) == "log_softmax":
             return True
         if isinstance(call, ast.Call) and _last_name(call.func) == "log" and any(
                 isinstance(inner, ast.Call) and _last_name(inner.func) == "softmax"
-                for argument in call.args for inner in ast.walk(argument)):
+                for argument in call.args for inner in walk(argument)):
             return True
     return False
 
@@ -5928,11 +5942,11 @@ def soft_target_origin(path: str, line: int) -> tuple[int, str] | None:
     if assigned is None or tree is None:
         return None
     at = assigned[0]
-    statement = next((node for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+    statement = next((node for node in walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
                       and node.lineno == at), None)
     if statement is None or statement.value is None:
         return assigned
-    for node in ast.walk(statement.value):
+    for node in walk(statement.value):
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
             continue
         for log_side, other in ((node.left, node.right), (node.right, node.left)):
