@@ -49,7 +49,7 @@ def _called(expr: ast.AST) -> str | None:
 
 def _makes_probabilities(expr: ast.AST, probabilities: set[str]) -> bool:
     """A softmax or sigmoid call in ``expr``, or a name the script assigned one to."""
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if _called(node) in _PROBABILITY_CALLS:
             return True
         if isinstance(node, ast.Name) and node.id in probabilities:
@@ -133,7 +133,7 @@ def _loss_names(tree: ast.AST) -> frozenset[str]:
 
 def _lossy(expr: ast.AST, losses=frozenset()) -> bool:
     """Whether ``expr`` computes or names a loss."""
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.Name) and node.id in losses:
             return True
         if _called(node) in _LOSS_CALLS:
@@ -221,12 +221,12 @@ def inverted_confidence_masks(path: str) -> list[tuple[int, str, str, str, int]]
                     found.append((node.lineno, ast.unparse(node).strip(), kept[1], kept[0], use.lineno))
                     continue
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.Return)) and node.value is not None:
-            for sub in ast.walk(node.value):
+            for sub in walk(node.value):
                 kept = _keeps_low(sub, confidences) if isinstance(sub, (ast.Compare, ast.Call)) else None
                 if not kept:
                     continue
                 # the comparison's own node, or the cast around it, used inline on a loss
-                for wrapper in ast.walk(node.value):
+                for wrapper in walk(node.value):
                     if _strip_casts(wrapper) is sub and _uses(node, None, losses, inline=wrapper) is not None:
                         found.append((node.lineno, ast.unparse(node).strip(), kept[1], kept[0], node.lineno))
                         break

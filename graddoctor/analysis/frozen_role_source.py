@@ -49,7 +49,7 @@ def _trained_models(tree: ast.AST) -> set[str]:
         if isinstance(node, ast.Call) and _OPTIMIZERS.search(_text(node.func)):
             for arg in list(node.args) + [k.value for k in node.keywords]:
                 out |= _parameter_owners(arg)
-                for sub in ast.walk(arg):
+                for sub in walk(arg):
                     if isinstance(sub, ast.Name) and sub.id in holders:
                         out |= holders[sub.id]
     return out
@@ -57,7 +57,7 @@ def _trained_models(tree: ast.AST) -> set[str]:
 
 def _parameter_owners(node: ast.AST) -> set[str]:
     out = set()
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
                 and sub.func.attr in ("parameters", "named_parameters"):
             out.add(_text(sub.func.value))
@@ -67,7 +67,7 @@ def _parameter_owners(node: ast.AST) -> set[str]:
 def _models_named(node: ast.AST) -> set[str]:
     """The names and attribute chains an expression calls or hands to a call."""
     out = set()
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call):
             f = sub.func
             if isinstance(f, ast.Attribute) and f.attr in ("forward", "__call__", "generate"):
@@ -126,9 +126,9 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
         if not _calls_backward(node):
             continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                isinstance(loop, (ast.For, ast.While)) and _calls_backward(loop) for loop in ast.walk(node)):
+                isinstance(loop, (ast.For, ast.While)) and _calls_backward(loop) for loop in walk(node)):
             continue  # its training loop is read as one: what runs before it may make the reference
-        for s in ast.walk(node):
+        for s in walk(node):
             if not isinstance(s, ast.Assign) or id(s) in done:
                 continue
             names = [n for t in s.targets for n in _target_names(t)]
@@ -147,7 +147,7 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
                 if _under_other_context(s, parents) or _adapters_switched_off(s, parents):
                     continue
                 if not any(isinstance(n, ast.Name) and n.id == hit and isinstance(n.ctx, ast.Load)
-                           for n in ast.walk(node)):
+                           for n in walk(node)):
                     continue  # a value the loop never reads (one of a model's many outputs)
                 done.add(id(s))
                 out.append((s.lineno, role, hit, on_trained[0], role_models[0]))
@@ -168,7 +168,7 @@ def _adapters_switched_off(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
         stmts = getattr(block, field, None)
         if isinstance(stmts, list) and node in stmts:
             for before in stmts[: stmts.index(node)]:
-                for sub in ast.walk(before):
+                for sub in walk(before):
                     if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
                             and _SWITCH_OFF.search(sub.func.attr):
                         return True
@@ -177,7 +177,7 @@ def _adapters_switched_off(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
 
 def _calls_backward(node: ast.AST) -> bool:
     return any(isinstance(s, ast.Call) and isinstance(s.func, ast.Attribute) and s.func.attr == "backward"
-               for s in ast.walk(node))
+               for s in walk(node))
 
 
 def _under_other_context(node: ast.AST, parents: dict[int, ast.AST]) -> bool:

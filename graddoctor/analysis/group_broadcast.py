@@ -273,8 +273,8 @@ assignments) was made with ``repeat_interleave``/``repeat``; a table of the grou
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 name = node.targets[0].id
                 made_from.setdefault(name, set()).update(
-                    n.id for n in ast.walk(node.value) if isinstance(n, ast.Name))
-                if any(_method(n, _EXPANSIONS) is not None for n in ast.walk(node.value)):
+                    n.id for n in walk(node.value) if isinstance(n, ast.Name))
+                if any(_method(n, _EXPANSIONS) is not None for n in walk(node.value)):
                     grouped_rows.add(name)
                 base = _view_base(node.value, {})
                 if base is not None:

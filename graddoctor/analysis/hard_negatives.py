@@ -33,7 +33,7 @@ _TRANSPOSES = frozenset({"t", "transpose", "permute", "mT"})
 
 
 def _names(expr) -> set[str]:
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(expr) if isinstance(n, ast.Name)}
 
 
 def _transposed(expr) -> bool:
@@ -55,7 +55,7 @@ def _is_parameter(expr) -> bool:
 
 def _pairwise(expr) -> bool:
     """A product of two batches' features with one of them transposed."""
-    for n in ast.walk(expr):
+    for n in walk(expr):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
             if _transposed(n.right) and not _is_parameter(n.right) and not _is_parameter(n.left):
                 return True
@@ -124,7 +124,7 @@ def _scope_draws(scope, returned: list | None = None) -> list[tuple[int, str, st
     for n in nodes:
         if isinstance(n, ast.Assign):
             for t in n.targets:
-                for name in (x.id for x in ast.walk(t) if isinstance(x, ast.Name)):
+                for name in (x.id for x in walk(t) if isinstance(x, ast.Name)):
                     assigns.setdefault(name, []).append(n)
     similar: dict[str, ast.Assign] = {}  # name -> its assignment, in order of the source
     loops = [n for n in nodes if isinstance(n, (ast.For, ast.While))]
@@ -152,10 +152,10 @@ def _scope_draws(scope, returned: list | None = None) -> list[tuple[int, str, st
         chain |= {x for name in list(chain) for x in _chain(name, similar)}
         if _masked(nodes, chain):
             continue
-        compared = {id(sub) for m in nodes if isinstance(m, ast.Compare) for sub in ast.walk(m)}
+        compared = {id(sub) for m in nodes if isinstance(m, ast.Compare) for sub in walk(m)}
         inline_index = any(isinstance(m, ast.Subscript) and isinstance(m.ctx, ast.Load)
                            and id(m) not in compared
-                           and any(sub is n for sub in ast.walk(m.slice)) for m in nodes)
+                           and any(sub is n for sub in walk(m.slice)) for m in nodes)
         drawn = _assigned_names(nodes, n)
         target = similar[base] if base in similar else None
         line = target.lineno if target is not None else n.lineno
@@ -176,7 +176,7 @@ def _scope_draws(scope, returned: list | None = None) -> list[tuple[int, str, st
 def _returns(nodes, call, drawn: set[str]) -> bool:
     """Whether the scope returns the draw, as it is or through a name assigned from it."""
     return any(isinstance(r, ast.Return) and r.value is not None
-               and (any(sub is call for sub in ast.walk(r.value)) or _names(r.value) & drawn)
+               and (any(sub is call for sub in walk(r.value)) or _names(r.value) & drawn)
                for r in nodes)
 
 
@@ -189,10 +189,10 @@ def _caller_indexes(tree, helper: str) -> bool:
         calls = [n for n in nodes if isinstance(n, ast.Call) and _called(n) == helper]
         if not calls:
             continue
-        compared = {id(sub) for m in nodes if isinstance(m, ast.Compare) for sub in ast.walk(m)}
+        compared = {id(sub) for m in nodes if isinstance(m, ast.Compare) for sub in walk(m)}
         for call in calls:
             if any(isinstance(m, ast.Subscript) and isinstance(m.ctx, ast.Load) and id(m) not in compared
-                   and any(sub is call for sub in ast.walk(m.slice)) for m in nodes):
+                   and any(sub is call for sub in walk(m.slice)) for m in nodes):
                 return True
             drawn = _assigned_names(nodes, call)
             if drawn and _indexes(nodes, drawn, compared):
@@ -210,7 +210,7 @@ def _against_bank(stmt, assigns: dict, loops: list) -> bool:
         return False
     loop = max(around, key=lambda l: l.lineno)
     operands = set()
-    for n in ast.walk(stmt.value):
+    for n in walk(stmt.value):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
             operands |= _names(n.left) | _names(n.right)
         elif isinstance(n, ast.Call) and _called(n) in ("mm", "matmul", "einsum"):
@@ -257,8 +257,8 @@ def _masked(nodes, chain: set[str]) -> bool:
 
 def _assigned_names(nodes, call) -> set[str]:
     for n in nodes:
-        if isinstance(n, ast.Assign) and any(sub is call for sub in ast.walk(n.value)):
-            return {x.id for t in n.targets for x in ast.walk(t) if isinstance(x, ast.Name)}
+        if isinstance(n, ast.Assign) and any(sub is call for sub in walk(n.value)):
+            return {x.id for t in n.targets for x in walk(t) if isinstance(x, ast.Name)}
     return set()
 
 
@@ -269,7 +269,7 @@ def _indexes(nodes, drawn: set[str], compared: set[int]) -> bool:
     for n in nodes:
         if isinstance(n, ast.Assign) and _names(n.value) & names and not any(
                 isinstance(t, ast.Subscript) for t in n.targets):
-            names |= {x.id for t in n.targets for x in ast.walk(t) if isinstance(x, ast.Name)}
+            names |= {x.id for t in n.targets for x in walk(t) if isinstance(x, ast.Name)}
     for n in nodes:
         if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and id(n) not in compared \
                 and _names(n.slice) & names:

@@ -97,7 +97,7 @@ def inverted_lora_scalings(path: str) -> list[tuple[int, str, str, str, float | 
     owner: dict[int, ast.AST] = {}  # each node's innermost enclosing class
     for cls in walk(tree):
         if isinstance(cls, ast.ClassDef):
-            for sub in ast.walk(cls):
+            for sub in walk(cls):
                 if id(sub) not in owner or sub is not cls:
                     owner[id(sub)] = cls
     class_values: dict[int, dict[str, float]] = {}

@@ -24,6 +24,7 @@ import ast
 import re
 
 from .source import scope_walk
+from .source import walk
 
 # a function computing an overlap of boxes or masks (higher: more alike)
 _OVERLAP = re.compile(r"(^|_)([gdc]?iou|overlaps?|jaccard)($|_)", re.IGNORECASE)
@@ -158,7 +159,7 @@ def overlap_added_to_cost(tree: ast.AST) -> list[tuple[int, str, str, int]]:
     statement that adds it: the cost's assignment, or the minimiser's call when it is written
     inline."""
     found = []
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         assigned = _Scope(scope)
         for node in scope_walk(scope):

@@ -56,7 +56,7 @@ def _tokens(expr: ast.AST) -> set[str]:
     ``train`` and ``pos``); single letters only from a whole name (``p``, ``n`` are roles only
     spelled out as ``pos_p`` or alone would be too weak, so they are not read)."""
     words = set()
-    for node in ast.walk(expr):
+    for node in walk(expr):
         name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
         if name is None:
             continue

@@ -16,7 +16,7 @@ _APPLY = frozenset({"normalize", "normalise", "transform", "apply", "norm", "__c
 
 
 def _reads_stats(expr: ast.AST, owner: str) -> bool:
-    for sub in ast.walk(expr):
+    for sub in walk(expr):
         if isinstance(sub, ast.Attribute) and sub.attr in _STATS and ast.unparse(sub.value) == owner:
             return True
         if isinstance(sub, ast.Call):

@@ -38,11 +38,11 @@ def _strip_casts(expr: ast.AST) -> ast.AST:
 
 
 def _takes_abs(expr: ast.AST) -> bool:
-    return any(_called(n) in ("abs", "absolute") for n in ast.walk(expr))
+    return any(_called(n) in ("abs", "absolute") for n in walk(expr))
 
 
 def _names(expr: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(expr) if isinstance(n, ast.Name)}
 
 
 def _thresholds(tree: ast.AST) -> set[str]:
@@ -52,7 +52,7 @@ def _thresholds(tree: ast.AST) -> set[str]:
     magnitudes = {t.id for node in assigns if _takes_abs(node.value)
                   for t in node.targets if isinstance(t, ast.Name)}  # all_mags = w.abs().flatten()
     for node in assigns:
-        if any(_called(n) in _ORDER_CALLS for n in ast.walk(node.value)) and (
+        if any(_called(n) in _ORDER_CALLS for n in walk(node.value)) and (
                 _takes_abs(node.value) or _names(node.value) & magnitudes):
             found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     if not found:

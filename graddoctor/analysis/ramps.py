@@ -14,6 +14,7 @@ import math
 import re
 
 from .source import _parse
+from .source import walk
 
 _RAMP_UP = re.compile(r"ramp_?up|warm_?up", re.I)
 _NOT_UP = re.compile(r"down|decay|anneal|cool", re.I)
@@ -159,13 +160,13 @@ def _roles(function: ast.FunctionDef) -> tuple[str, str, dict] | None:
 def _phase_line(function: ast.FunctionDef, counter: str, length: str) -> int:
     """The statement that turns the counter into the ramp's phase (``current / rampup_length``
     in an assignment or a return), else the function's ``def``."""
-    for statement in ast.walk(function):
+    for statement in walk(function):
         if not isinstance(statement, (ast.Assign, ast.Return)) or statement.value is None:
             continue
-        for node in ast.walk(statement.value):
+        for node in walk(statement.value):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-                left = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
-                right = {n.id for n in ast.walk(node.right) if isinstance(n, ast.Name)}
+                left = {n.id for n in walk(node.left) if isinstance(n, ast.Name)}
+                right = {n.id for n in walk(node.right) if isinstance(n, ast.Name)}
                 if counter in left and length in right:
                     return statement.lineno
     return function.lineno
@@ -179,9 +180,9 @@ def falling_ramps(path: str) -> list[tuple[int, str, list[float], int, str, str]
     tree = _parse(path)
     if tree is None:
         return []
-    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    called = {n.func.id for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     found = []
-    for function in ast.walk(tree):
+    for function in walk(tree):
         if not isinstance(function, ast.FunctionDef) or not _RAMP_UP.search(function.name) \
                 or _NOT_UP.search(function.name) or function.name not in called:
             continue

@@ -18,6 +18,7 @@ import ast
 import re
 
 from .source import scope_walk
+from .source import walk
 
 _PERMUTING = ("argsort", "randperm", "permutation")
 # a loss function's or criterion's name (``F.l1_loss``, ``criterion``, ``bce``), not a layer's
@@ -34,7 +35,7 @@ def _last(func: ast.AST) -> str | None:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def _permutation(stmt: ast.stmt) -> tuple[str, str | None] | None:
@@ -121,7 +122,7 @@ def fields_reordered_apart(tree: ast.AST) -> list[tuple[int, str, list[str], int
     """``(line of the first reordering, permutation, fields left in order, line of the loss call
     that reads one, that field)`` for each loop that calls ``backward`` (see the module's docs)."""
     found = []
-    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))]
+    loops = [n for n in walk(tree) if isinstance(n, (ast.For, ast.While))]
     for loop in loops:
         nodes = list(scope_walk(loop))
         if not any(isinstance(n, ast.Call) and _last(n.func) == "backward" for n in nodes):
@@ -152,7 +153,7 @@ def fields_reordered_apart(tree: ast.AST) -> list[tuple[int, str, list[str], int
             for s in statements:
                 if s is stmt:
                     continue
-                uses = [n for n in ast.walk(s) if isinstance(n, ast.Name) and n.id == perm]
+                uses = [n for n in walk(s) if isinstance(n, ast.Name) and n.id == perm]
                 if not uses:
                     continue
                 if not isinstance(s, ast.Assign) or len(s.targets) != 1:
@@ -197,7 +198,7 @@ def _read_by_loss(statements: list[ast.stmt], fields: list[str], unpacked: int,
         if s.lineno <= unpacked:
             continue
         if s.lineno > after:
-            for call in ast.walk(s):
+            for call in walk(s):
                 if not (isinstance(call, ast.Call) and _is_loss_call(call)):
                     continue
                 for arg in [*call.args, *(k.value for k in call.keywords)]:
@@ -206,7 +207,7 @@ def _read_by_loss(statements: list[ast.stmt], fields: list[str], unpacked: int,
                         return s.lineno, carries[read[0]]
         if isinstance(s, ast.Assign):
             read = sorted(_names(s.value) & set(carries))
-            targets = {n.id for t in s.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            targets = {n.id for t in s.targets for n in walk(t) if isinstance(n, ast.Name)}
             for name in targets:
                 if read:
                     carries[name] = carries[read[0]]
@@ -222,7 +223,7 @@ def reordered_beside_kept(tree: ast.AST) -> list[tuple[int, str, list[str], list
     one statement meant to be put in one order, one of them left behind. Any scope, not only a
     training loop: a loss function that sorts its inputs (a Cox risk set, a ranking loss)."""
     found = []
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         statements = [n for n in scope_walk(scope) if isinstance(n, ast.stmt)]
         perms = {made[0] for s in statements if (made := _permutation(s)) is not None}
@@ -268,7 +269,7 @@ def _comprehension_order(expr: ast.AST, examples: str, order: str) -> str | None
     """'order' when the comprehensions of ``expr`` iterate ``order`` and read ``examples[i]``,
     'kept' when they iterate ``examples`` itself, None otherwise (or both)."""
     kinds = set()
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if not isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             continue
         for gen in node.generators:
@@ -300,7 +301,7 @@ def collate_fields_apart(tree: ast.AST) -> list[tuple[int, str, str, str, list[s
     batch]``): the rows of the two are different samples. A function that returns the order
     (to put the outputs back) or uses it any other way is left alone."""
     found = []
-    for func in ast.walk(tree):
+    for func in walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         body = [s for s in func.body]
@@ -323,7 +324,7 @@ def collate_fields_apart(tree: ast.AST) -> list[tuple[int, str, str, str, list[s
             if other_use:
                 continue
             returned = set()
-            for s in ast.walk(func):
+            for s in walk(func):
                 if isinstance(s, ast.Return) and s.value is not None:
                     returned |= _names(s.value)
             # names derived in one statement from a field keep its order (lengths of seqs)
@@ -358,7 +359,7 @@ def _plain_index(index: ast.AST) -> bool:
 def _reorders(expr: ast.AST) -> bool:
     return any(isinstance(n, ast.Subscript) and not _plain_index(n.slice)
                or isinstance(n, ast.Call) and _last(n.func) in _REORDERING
-               for n in ast.walk(expr))
+               for n in walk(expr))
 
 
 def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | None,
@@ -368,7 +369,7 @@ def target_reordered_at(tree: ast.AST, loss_line: int | None, model_line: int | 
     dozen lines after the model's call at ``model_line``) when an argument reorders inline
     (``y[perm]``), else the latest of the arguments' own last assignments before it whose value
     reorders (``target = y[y.argsort()]``); None when no loss call is found."""
-    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+    calls = sorted((n for n in walk(tree) if isinstance(n, ast.Call)),
                    key=lambda n: (n.lineno, n.col_offset))
     if loss_line is not None:
         call = next((c for c in calls if c.lineno == loss_line), None)
@@ -394,8 +395,8 @@ def _latest_reordering(tree: ast.AST, names: set[str], low: int, high: int) -> i
     reorders rows; None when none of them does."""
     found = []
     for name in names:
-        made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < high
-                and name in {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}]
+        made = [n for n in walk(tree) if isinstance(n, ast.Assign) and low <= n.lineno < high
+                and name in {t.id for target in n.targets for t in walk(target) if isinstance(t, ast.Name)}]
         last = max(made, key=lambda n: n.lineno, default=None)
         if last is not None and _reorders(last.value):
             found.append(last.lineno)
@@ -408,7 +409,7 @@ def input_reordered_at(tree: ast.AST, model_line: int) -> int | None:
     latest assignment, within a dozen lines before it, of a name a call on that line is given
     whose value reorders (``x = x.flip(0)``, ``x = x[torch.randperm(len(x))]``); None when the
     reordering is inline or not found."""
-    names = {arg.id for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == model_line
+    names = {arg.id for n in walk(tree) if isinstance(n, ast.Call) and n.lineno == model_line
              for arg in [*n.args, *(k.value for k in n.keywords)] if isinstance(arg, ast.Name)}
     return _latest_reordering(tree, names, model_line - 12, model_line)
 
@@ -417,7 +418,7 @@ def _bodies(tree: ast.AST):
     """The straight statement lists of the module and of each function (their own statements,
     not those of the blocks inside them)."""
     yield getattr(tree, "body", [])
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node.body
 
@@ -452,7 +453,7 @@ def permuted_before_pairing(tree: ast.AST) -> list[tuple[int, str, str, int]]:
         for stmt in body:
             if isinstance(stmt, (ast.For, ast.While)):
                 break  # the training loop: what it does is fields_reordered_apart's
-            for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            for call in (n for n in walk(stmt) if isinstance(n, ast.Call)):
                 rows = [_rows_read(arg) for arg in call.args]
                 hit = next(((r, n) for _, names in groups for r in rows
                             if r in names and r in moved for n in rows
@@ -497,7 +498,7 @@ def _split_groups(tree: ast.AST) -> list[list[str]]:
     """Names bound together to the parts of one split of indices: ``train_idx, val_idx =
     order[:400], order[400:]`` (slices of one name), or ``train_test_split(idx, ...)``'s."""
     groups = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Tuple)
                 and all(isinstance(e, ast.Name) for e in node.targets[0].elts)
@@ -526,7 +527,7 @@ def split_parts_crossed(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     if not groups:
         return []
     found = []
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         reads: dict[str, dict[str, int]] = {}  # table -> part -> first line
         for node in scope_walk(scope):

@@ -115,7 +115,7 @@ def corrections_added(path: str) -> list[tuple[int, str, str]]:
         pairs: list[tuple[ast.AST, ast.AST, ast.AST | None]] = []  # (score side, correction, target)
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-            for sub in ast.walk(node.value):
+            for sub in walk(node.value):
                 if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add):
                     pairs += [(sub.left, sub.right, target), (sub.right, sub.left, target)]
                 elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \

@@ -64,12 +64,12 @@ def _header(s: ast.stmt) -> list[ast.AST]:
 
 
 def _loads(s: ast.stmt) -> set[str]:
-    return {n.id for part in _header(s) for n in ast.walk(part)
+    return {n.id for part in _header(s) for n in walk(part)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _stores(s: ast.stmt) -> set[str]:
-    return {n.id for part in _header(s) for n in ast.walk(part)
+    return {n.id for part in _header(s) for n in walk(part)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
@@ -79,17 +79,17 @@ def _argument_reads(s: ast.stmt, name: str) -> bool:
     if not isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)):
         return False  # a bare call logs, stores or prints; a header only tests
     side: set[int] = set()
-    for n in ast.walk(s):
+    for n in walk(s):
         if isinstance(n, ast.Call):
             if _called(n) in _SIDE_READS:
-                side.update(id(m) for m in ast.walk(n))
+                side.update(id(m) for m in walk(n))
         if isinstance(n, ast.Attribute) and n.attr in _SIDE_READS:
-            side.update(id(m) for m in ast.walk(n))
-    for n in ast.walk(s):
+            side.update(id(m) for m in walk(n))
+    for n in walk(s):
         if not isinstance(n, ast.Call):
             continue
         for arg in list(n.args) + [k.value for k in n.keywords]:
-            for m in ast.walk(arg):
+            for m in walk(arg):
                 if isinstance(m, ast.Name) and m.id == name and isinstance(m.ctx, ast.Load) \
                         and id(m) not in side:
                     return True
@@ -151,7 +151,7 @@ def _unpacked_twins(s: ast.Assign, names: list[str]) -> dict[str, list[str]]:
 
 
 def _calls_backward(statements) -> bool:
-    return any(_called(n) == "backward" for s in statements for n in ast.walk(s)
+    return any(_called(n) == "backward" for s in statements for n in walk(s)
                if not isinstance(s, (ast.If, ast.For, ast.While, ast.With, ast.Try)))
 
 
@@ -186,16 +186,16 @@ def _owner_loads(owner: ast.AST) -> set[str]:
     """Every name the owner reads, in nested functions too (a module's functions only where
     they do not bind the name themselves)."""
     if not isinstance(owner, ast.Module):
-        return {n.id for n in ast.walk(owner) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        return {n.id for n in walk(owner) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     loads: set[str] = set()
     for n in walk(owner):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             loads.add(n.id)
     for f in walk(owner):
         if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            local = {n.id for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            local |= {a.arg for a in ast.walk(f.args) if isinstance(a, ast.arg)}
-            inside = {n.id for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            local = {n.id for n in walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            local |= {a.arg for a in walk(f.args) if isinstance(a, ast.arg)}
+            inside = {n.id for n in walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             outside = {n.id for n in walk(owner) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
                        and not _within(n, f)}
             loads -= (inside & local) - outside

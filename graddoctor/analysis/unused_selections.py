@@ -55,7 +55,7 @@ def _unreduced_loss_names(tree: ast.AST) -> set[str]:
         if not isinstance(n, ast.Assign):
             continue
         if any(unreduced(c) or (isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                                and c.func.id in criteria) for c in ast.walk(n.value)):
+                                and c.func.id in criteria) for c in walk(n.value)):
             names.update(t.id for t in n.targets if isinstance(t, ast.Name))
     return names
 
@@ -64,12 +64,12 @@ def _probability_names(tree: ast.AST) -> set[str]:
     """Names assigned a softmax or sigmoid, and the names unpacked from their ``max``
     (``conf, pseudo = probs.max(1)``)."""
     names = {t.id for n in walk(tree) if isinstance(n, ast.Assign)
-             and any(_called(c) in _PROBABILITY_CALLS for c in ast.walk(n.value))
+             and any(_called(c) in _PROBABILITY_CALLS for c in walk(n.value))
              for t in n.targets if isinstance(t, ast.Name)}
     for n in walk(tree):
         if isinstance(n, ast.Assign) and any(isinstance(m, ast.Name) and m.id in names
-                                             for m in ast.walk(n.value)) \
-                and any(_called(c) in ("max", "amax") for c in ast.walk(n.value)):
+                                             for m in walk(n.value)) \
+                and any(_called(c) in ("max", "amax") for c in walk(n.value)):
             for t in n.targets:
                 for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
                     if isinstance(e, ast.Name):
@@ -82,7 +82,7 @@ def _selects(value: ast.AST) -> bool:
     threshold, not summarised into a number."""
     if _called(value) in _SUMMARIES:
         return False
-    for node in ast.walk(value):
+    for node in walk(value):
         if _called(node) in _PICKING or _called(node) in _THRESHOLD_CALLS:
             return True
         if isinstance(node, ast.Compare) and all(isinstance(op, _THRESHOLDS) for op in node.ops):
@@ -114,7 +114,7 @@ def unused_selections(path: str) -> list[dict]:
         for s in body:
             if not isinstance(s, (ast.Assign, ast.AugAssign)):
                 continue
-            for n in ast.walk(s.value):
+            for n in walk(s.value):
                 if _called(n) in _REDUCTIONS and isinstance(n.func, ast.Attribute) \
                         and isinstance(n.func.value, ast.Name) and n.func.value.id in losses:
                     reduced[s.lineno] = (ast.unparse(s), n.func.value.id)
@@ -126,7 +126,7 @@ def unused_selections(path: str) -> list[dict]:
                      if isinstance(e, ast.Name) and e.id != "_"]
             if not names or not isinstance(target, (ast.Name, ast.Tuple)):
                 continue
-            read = [m.id for m in ast.walk(s.value) if isinstance(m, ast.Name) and m.id in sources]
+            read = [m.id for m in walk(s.value) if isinstance(m, ast.Name) and m.id in sources]
             if not read or not _selects(s.value):
                 continue
             dead = [e.id for e in names if e.id not in loaded]
@@ -134,7 +134,7 @@ def unused_selections(path: str) -> list[dict]:
                 continue
             seen.add(s.lineno)
             use = next(iter(reduced.items())) if len(reduced) == 1 else None
-            picks = any(_called(n) in _PICKING for n in ast.walk(s.value))
+            picks = any(_called(n) in _PICKING for n in walk(s.value))
             found.append({"line": s.lineno, "text": ast.unparse(s), "name": dead[0],
                           "source": read[0], "picks": picks,
                           "use_line": use[0] if use else None,

@@ -152,7 +152,7 @@ def views_paired_with_themselves(path: str) -> list[tuple[int, str, str]]:
         if not isinstance(node, (ast.Assign, ast.AugAssign, ast.Return)) or node.value is None:
             continue
         calls: dict[str, list[ast.Call]] = {}
-        for sub in ast.walk(node.value):
+        for sub in walk(node.value):
             if isinstance(sub, ast.Call) and len(sub.args) >= 2 and not (
                     isinstance(sub.func, ast.Attribute) and sub.func.attr in _CASTS):
                 calls.setdefault(ast.unparse(sub.func), []).append(sub)

@@ -6,6 +6,7 @@ from ..analysis.windows import typical
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _grad_of(node: ast.AST) -> bool:
@@ -54,13 +55,13 @@ def rescaled_per_micro_batch(tree: ast.AST, first: int, last: int) -> tuple[int,
     over parameters, or an attribute's ``.grad``) at every pass of the loop spanning lines
     ``first``..``last`` (under no ``if`` of it), while that loop calls ``.step()`` under an
     ``if`` only; None otherwise."""
-    loop = next((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
+    loop = next((n for n in walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
                  and n.lineno == first and (n.end_lineno or n.lineno) == last), None)
     if loop is None:
         return None
     found, steps = None, []
     for stmt, under_if, over_params in _statements(loop.body, False, False):
-        for call in ast.walk(stmt) if not isinstance(stmt, (ast.If, ast.For, ast.While, ast.With,
+        for call in walk(stmt) if not isinstance(stmt, (ast.If, ast.For, ast.While, ast.With,
                                                              ast.AsyncFor, ast.AsyncWith, ast.Try)) else ():
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
                     and call.func.attr == "step" and not call.args:

@@ -11,6 +11,7 @@ from .base import Rule, related
 from .ddp_average_redone import ddp_world
 from .lr_applied_twice import loss_factor_is_lr
 from .unscaled_accumulation import SCALE_INVARIANT
+from ..analysis.source import walk
 
 MIN_STEPS = 3  # windows seen before "every update" is claimed
 TOLERANCE = 1e-3  # how close 1 / factor must be to a whole number
@@ -271,7 +272,7 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
         tree = a.source.tree(loc.path)
         defined = _called_function(tree, value.func.id) if tree is not None else None
-        returns = [n for n in ast.walk(defined) if isinstance(n, ast.Return)
+        returns = [n for n in walk(defined) if isinstance(n, ast.Return)
                    and n.value is not None] if defined is not None else []
         if len(returns) != 1:
             return False
@@ -289,7 +290,7 @@ def _unpacking_assignment(a, loc):
     if match is None or tree is None:
         return None
     name, best = match.group(1), None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and node.lineno < loc.line and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Call) \
                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets[0].elts) \
@@ -317,15 +318,15 @@ def _unpacked(statement, returned, backward_text: str):
 def _called_function(tree, name: str):
     """The one function ``name(...)`` runs: a function of that name, or the ``forward`` of the
     script's class whose instance the name is assigned once (``criterion = KDLoss(...)``)."""
-    defined = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    defined = [n for n in walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
     if defined:
         return defined[0] if len(defined) == 1 else None
-    made = [n.value.func.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    made = [n.value.func.id for n in walk(tree) if isinstance(n, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
             and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)]
     if len(made) != 1:
         return None
-    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == made[0]]
+    classes = [n for n in walk(tree) if isinstance(n, ast.ClassDef) and n.name == made[0]]
     forwards = [n for n in classes[0].body if isinstance(n, ast.FunctionDef)
                 and n.name == "forward"] if len(classes) == 1 else []
     return forwards[0] if len(forwards) == 1 else None
@@ -396,7 +397,7 @@ def _accelerate_divides_outside_accumulate(a, backward, k: int) -> bool:
     tree = a.source.tree(loc.path)
     if tree is None or inside_accumulate(tree, loc.line):
         return False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Accelerator":
             for keyword in node.keywords:
                 if keyword.arg == "gradient_accumulation_steps":

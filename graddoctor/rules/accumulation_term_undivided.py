@@ -6,6 +6,7 @@ from ..analysis.basics import written
 from ..analysis.windows import typical
 from ..findings import Role, Severity
 from .base import Rule, related
+from ..analysis.source import walk
 
 
 class AccumulationTermUndivided(Rule):
@@ -109,7 +110,7 @@ def inside_accumulate(tree, line: int) -> bool:
     hand with gradient_accumulation_steps=1 divides its losses itself)."""
     if tree is None:
         return False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.With, ast.AsyncWith)) and node.body and any(
                 isinstance(item.context_expr, ast.Call)
                 and isinstance(item.context_expr.func, ast.Attribute)

@@ -6,6 +6,7 @@ from ..analysis.windows import typical
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, plural
+from ..analysis.source import walk
 
 
 def _counts_from_zero(test: ast.AST) -> tuple[str, str] | None:
@@ -30,7 +31,7 @@ def step_condition(tree: ast.AST, line: int) -> tuple[int, str, str] | None:
     """``(line, index, k)`` of the innermost ``if`` around the statement at ``line`` whose
     test is a modulo of a bare index equal to zero (``if step % k == 0:``); None otherwise."""
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.If) and node.body and node.body[0].lineno <= line <= (
                 node.body[-1].end_lineno or node.body[-1].lineno):
             found = _counts_from_zero(node.test)

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _COPIES = ("clone", "copy", "deepcopy", "copy_", "cpu", "to", "numpy", "tolist", "item")
 
@@ -20,13 +21,13 @@ def _over_parameters(node: ast.AST) -> bool:
     """``X.parameters()`` / ``X.named_parameters()`` / ``X.state_dict()`` (whose tensors share
     the parameters' memory), possibly inside a call such as zip or ``.items()``."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr in ("parameters", "named_parameters", "state_dict") for n in ast.walk(node))
+               and n.func.attr in ("parameters", "named_parameters", "state_dict") for n in walk(node))
 
 
 def _uncopied(element: ast.AST) -> bool:
     """The stored element is the parameter itself or a view of its memory: ``p``, ``p.data``,
     ``p.detach()`` (nothing that copies: ``clone``, ``deepcopy``, ``.cpu()``...)."""
-    for n in ast.walk(element):
+    for n in walk(element):
         if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name)):
             name = n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id
             if name in _COPIES:
@@ -62,16 +63,16 @@ def anchor_lines(tree: ast.AST) -> list[tuple[int, str]]:
     candidates, ``[(line, name)]``."""
     found: list[tuple[int, str]] = []
     subtracted: set[str] = set()  # names read by a statement that subtracts (or takes a distance)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) and any(
                 isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
-                or isinstance(n, ast.Call) and _called(n) in _DISTANCES for n in ast.walk(node)):
-            for n in ast.walk(node):
+                or isinstance(n, ast.Call) and _called(n) in _DISTANCES for n in walk(node)):
+            for n in walk(node):
                 if isinstance(n, ast.Name):
                     subtracted.add(n.id)
                 elif isinstance(n, ast.Attribute):
                     subtracted.add(n.attr)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and _anchor_value(node.value):
             target = node.targets[0]
             name = target.id if isinstance(target, ast.Name) else \

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # calls that return their input's values rearranged: a distance stays a distance through them
 _RESHAPES = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
@@ -25,7 +26,7 @@ def _broadcast(node: ast.AST) -> bool:
     """An operand given a new axis (``a[:, None]``, ``a.unsqueeze(1)``): one side of a pairwise
     difference between two sets."""
     return any((isinstance(sub, ast.Constant) and sub.value is None)
-               or _callee(sub) in ("unsqueeze", "expand", "repeat") for sub in ast.walk(node))
+               or _callee(sub) in ("unsqueeze", "expand", "repeat") for sub in walk(node))
 
 
 def _difference(node: ast.AST) -> bool:
@@ -80,7 +81,7 @@ def _sum_of_squares(node: ast.AST) -> ast.AST | None:
 
 def _has_cross_term(node: ast.AST) -> bool:
     """A ``2 * a @ b.t()`` (``torch.matmul``/``mm``/``einsum``) inside ``node``."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
             return True
         if _callee(sub) in ("matmul", "mm", "bmm", "einsum"):
@@ -118,10 +119,10 @@ def is_distance(node: ast.AST, names: set[str]) -> bool:
         terms = _signed_terms(node)
         # |a|^2 + |b|^2 - 2 a.b in any order of its terms: a squared norm added, the cross term
         # (twice a product) subtracted
-        squares = any(sign > 0 and any(_sum_of_squares(sub) is not None for sub in ast.walk(term))
+        squares = any(sign > 0 and any(_sum_of_squares(sub) is not None for sub in walk(term))
                       for sign, term in terms)
         cross = any(sign < 0 and _has_cross_term(term)
-                    and any(isinstance(s, ast.Constant) and s.value == 2 for s in ast.walk(term))
+                    and any(isinstance(s, ast.Constant) and s.value == 2 for s in walk(term))
                     for sign, term in terms)
         return squares and cross
     return False
@@ -163,7 +164,7 @@ def _indices_taken(call: ast.Call, parents: dict) -> bool:
 
 def _scope(tree: ast.AST):
     """Each function (and the module) with the statements that belong to it, nested functions left out."""
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         body = []
         stack = list(ast.iter_child_nodes(scope))

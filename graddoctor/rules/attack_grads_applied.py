@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 _WINDOWS = 2  # updates that applied an attack's gradients, at least
 
@@ -40,12 +41,12 @@ def _perturbation_name(a, loc) -> str | None:
     tree = a.source.tree(loc.path)
     if tree is None:
         return None
-    around = sorted((n for n in ast.walk(tree)
+    around = sorted((n for n in walk(tree)
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.For, ast.While))
                      and n.lineno <= loc.line <= (n.end_lineno or n.lineno)),
                     key=lambda n: (n.end_lineno or n.lineno) - n.lineno)
     for node in around:
-        names = {ast.unparse(n.value).removesuffix(".data") for n in ast.walk(node)
+        names = {ast.unparse(n.value).removesuffix(".data") for n in walk(node)
                  if isinstance(n, ast.Attribute) and n.attr == "grad"}
         if len(names) == 1:
             return names.pop()
@@ -60,7 +61,7 @@ def _backpropagated(a, loc) -> str:
         line = ast.parse(a.source.line_text(loc.path, loc.line).strip())
     except SyntaxError:
         return "loss"
-    for n in ast.walk(line):
+    for n in walk(line):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
             return ast.unparse(n.func.value)
     return "loss"

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..location import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 _MASK_GIVEN = re.compile(r"\b\w*mask\s*=\s*([A-Za-z_]\w*)\s*[,)]")
@@ -37,7 +38,7 @@ def _passed_mask_origin(a, loc, convention):
     tree = a.source.tree(loc.path)
     if tree is None:
         return None
-    names = {kw.value.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+    names = {kw.value.id for node in walk(tree) if isinstance(node, ast.Call)
              and node.lineno <= loc.line <= (node.end_lineno or node.lineno)
              for kw in node.keywords if kw.arg and "mask" in kw.arg and isinstance(kw.value, ast.Name)}
     wrong = _MARKS_TOKENS if convention != "True attends" else _MARKS_PADDING
@@ -45,7 +46,7 @@ def _passed_mask_origin(a, loc, convention):
     for name in names:
         made = a.source.value_origin(loc.path, loc.line, name)
         if made is None:
-            bound = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            bound = [n for n in walk(tree) if isinstance(n, ast.Assign)
                      and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
             if len(bound) != 1:
                 continue

@@ -6,6 +6,7 @@ import re
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # names a distance bias is built from (ALiBi's slopes, a relative-position bias)
 _BIAS_NAMES = re.compile(r"alibi|slope", re.IGNORECASE)
@@ -16,10 +17,10 @@ def bias_lines(tree: ast.AST) -> list[tuple[int, str]]:
     with ALiBi's slopes, or assign an alibi-named value; the functions that make the slopes
     themselves (``get_slopes``) left out."""
     out = []
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or "slope" in fn.name.lower():
             continue
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if not isinstance(node, (ast.Assign, ast.AugAssign)):
                 continue
             text = ast.unparse(node)
@@ -29,7 +30,7 @@ def bias_lines(tree: ast.AST) -> list[tuple[int, str]]:
             # the bias is built where the slopes are read, or where an alibi-named value is
             # assigned; the scores that add it afterwards are not the line to change
             if (re.search("slope", ast.unparse(value), re.IGNORECASE) or named) \
-                    and any(isinstance(n, ast.BinOp) for n in ast.walk(value)):
+                    and any(isinstance(n, ast.BinOp) for n in walk(value)):
                 out.append((node.lineno, text))
     return sorted(set(out))
 

@@ -5,13 +5,14 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _TYPES = {"a", "b"}
 
 
 def _masks(cls: ast.ClassDef) -> bool:
     """Whether the class keeps a mask: a name, attribute or buffer name holding "mask"."""
-    for node in ast.walk(cls):
+    for node in walk(cls):
         text = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
             else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
         if "mask" in text.lower() and text.lower() != "mask_type":
@@ -26,12 +27,12 @@ def _type_parameter(cls: ast.ClassDef) -> tuple[str, int] | None:
     if init is None or not _masks(cls):
         return None  # a model size or variant named 'B' (ViT-B) is no mask type
     params = [arg.arg for arg in init.args.posonlyargs + init.args.args][1:]
-    for node in ast.walk(cls):
+    for node in walk(cls):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
         names = [o.id for o in operands if isinstance(o, ast.Name) and o.id in params]
-        strings = {c.value.lower() for o in operands for c in ast.walk(o)
+        strings = {c.value.lower() for o in operands for c in walk(o)
                    if isinstance(c, ast.Constant) and isinstance(c.value, str)}
         if names and strings and strings <= _TYPES:
             return names[0], params.index(names[0])
@@ -52,19 +53,19 @@ def leaking_layers(tree: ast.AST) -> list[tuple[int, str, list[int]]]:
     masked layer class with an 'A'/'B' mask type that the script builds only with type 'B' (each
     construction's type a string the source spells)."""
     found = []
-    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    classes = [n for n in walk(tree) if isinstance(n, ast.ClassDef)]
     for cls in classes:
         typed = _type_parameter(cls)
         if typed is None:
             continue
         name, position = typed
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+        calls = [n for n in walk(tree) if isinstance(n, ast.Call)
                  and isinstance(n.func, (ast.Name, ast.Attribute))
                  and (n.func.id if isinstance(n.func, ast.Name) else n.func.attr) == cls.name]
         kinds, lines, known = set(), [], True
         for call in calls:
             value = _given(call, name, position)
-            strings = {c.value.lower() for c in ast.walk(value) if isinstance(c, ast.Constant)
+            strings = {c.value.lower() for c in walk(value) if isinstance(c, ast.Constant)
                        and isinstance(c.value, str)} if value is not None else set()
             if value is None or not isinstance(value, ast.Constant):
                 known = False  # a type the source does not spell: its value is not known
@@ -227,7 +228,7 @@ def _mask_write(a, defined, mask: str) -> Location | None:
     tree = a.source.tree(path)
     if tree is None:
         return None
-    inside = [n for n in ast.walk(tree) if first <= getattr(n, "lineno", 0) <= last]
+    inside = [n for n in walk(tree) if first <= getattr(n, "lineno", 0) <= last]
     names = {mask}
     for node in inside:  # a local the mask is registered from: register_buffer("m", local)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -269,7 +270,7 @@ def _last_loose_comparison(a, path: str, layers: int) -> tuple[int, str] | None:
     if tree is None:
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Compare) and len(node.ops) == 1 \
                 and isinstance(node.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) \
                 and _broadcast_operand(node.left) and _broadcast_operand(node.comparators[0]):

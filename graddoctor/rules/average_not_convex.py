@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _TOLERANCE = 1e-3  # |a + b - 1| above this: not an average
 
@@ -12,7 +13,7 @@ _TOLERANCE = 1e-3  # |a + b - 1| above this: not an average
 def _constants(tree: ast.AST) -> dict[str, float]:
     """Names the module assigns one number, once (``decay = 0.999``; ``rho, decay = 0.05, 0.99``)."""
     values: dict[str, list] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         targets = []
         if isinstance(node, ast.Assign):
             for target in node.targets:
@@ -29,7 +30,7 @@ def _constants(tree: ast.AST) -> dict[str, float]:
             for arg in node.args.args + node.args.kwonlyargs:
                 targets.append((ast.Name(arg.arg), None))
         for target, value in targets:
-            for name in ast.walk(target):
+            for name in walk(target):
                 if isinstance(name, ast.Name):
                     values.setdefault(name.id, []).append(value)
     out = {}
@@ -119,7 +120,7 @@ def averages(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     ``acc.copy_(a * acc + b * x)``, ``acc = a * acc + b * x`` (``.data`` on either side)."""
     known = _constants(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         pair, in_place = None, True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_" \
                 and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Attribute) \
@@ -193,7 +194,7 @@ def extrapolations(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     positive or unknown weights."""
     known = _constants(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         acc = other = weight = None
         sign = 0
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \

@@ -5,6 +5,7 @@ import bisect
 
 from ..findings import Role, Severity
 from .base import Rule, related
+from ..analysis.source import walk
 
 
 class BackwardAfterBatchLoop(Rule):
@@ -140,7 +141,7 @@ def _assigns(stmt: ast.AST, name: str) -> list[ast.stmt]:
                 and node is not stmt:
             continue
         if isinstance(node, ast.Assign) and any(
-                isinstance(n, ast.Name) and n.id == name for t in node.targets for n in ast.walk(t)):
+                isinstance(n, ast.Name) and n.id == name for t in node.targets for n in walk(t)):
             out.append(node)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name) \
                 and node.target.id == name:
@@ -151,7 +152,7 @@ def _assigns(stmt: ast.AST, name: str) -> list[ast.stmt]:
 
 def _reads(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               for n in ast.walk(node))
+               for n in walk(node))
 
 
 def _after_loop(tree: ast.AST | None, line: int) -> tuple[str, int, int] | None:
@@ -160,7 +161,7 @@ def _after_loop(tree: ast.AST | None, line: int) -> tuple[str, int, int] | None:
     from scratch on each pass, and nothing between the two assigns it."""
     if tree is None:
         return None
-    for block_owner in ast.walk(tree):
+    for block_owner in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(block_owner, field, None)
             if not isinstance(block, list):

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # What a GFlowNet balance residual's terms are, told by their names (lower case, words split on
 # "_"): the forward policy's log-probabilities and the log partition function on one side, the
@@ -29,7 +30,7 @@ def _kind(term: ast.AST) -> str | None:
     """What a term of a residual is, by the names it reads: the one class its names fall in
     (``log_pf.sum(1)``, ``torch.sum(log_pb, -1)``, ``self.log_z``), else None."""
     kinds = set()
-    for node in ast.walk(term):
+    for node in walk(term):
         name = node.id if isinstance(node, ast.Name) else \
             node.attr if isinstance(node, ast.Attribute) else None
         if name is None:
@@ -58,7 +59,7 @@ def _residuals(scope: ast.AST) -> list[ast.AST]:
     ``F.mse_loss(a, b)`` (as ``a - b``), and the value of a name assigned once in the scope that
     is then squared (``delta = ...; loss = delta.pow(2)``)."""
     found = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             found.append(node.left)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -74,7 +75,7 @@ def _residuals(scope: ast.AST) -> list[ast.AST]:
                 found.append(ast.BinOp(left=node.args[0], op=ast.Sub(), right=node.args[1],
                                        lineno=node.lineno, col_offset=node.col_offset))
     assigned: dict[str, list] = {}
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             assigned.setdefault(node.targets[0].id, []).append(node.value)
@@ -93,7 +94,7 @@ def misaligned_balances(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     of the forward policy's (or of log Z). ``kind`` is the term on the wrong side, ``against``
     the term it was compared with."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes + [tree]:
         for expr in _residuals(scope):
             terms: list = []

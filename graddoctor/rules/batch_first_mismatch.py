@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _RECURRENT = ("RNN", "LSTM", "GRU")
 # the name of the input that carries the layout, per class of torch's
@@ -126,7 +127,7 @@ def _construction(a, loc, cls: str) -> tuple[str | None, str | None]:
     tree = a.source.tree(loc.path)
     if tree is None:
         return None, None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call)
              and n.lineno <= loc.line <= (n.end_lineno or n.lineno)
              and _call_name(n) in (cls, "__init__")]
     if not calls:
@@ -136,7 +137,7 @@ def _construction(a, loc, cls: str) -> tuple[str | None, str | None]:
     args = "..., " if call.args or others else ""
     built = f"{ast.unparse(call.func)}({args}batch_first=True)"
     target = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is call:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if len(targets) == 1:

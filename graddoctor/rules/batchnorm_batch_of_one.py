@@ -5,6 +5,7 @@ import ast
 from ..findings import Role, Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 MIN_FORWARDS = 3  # training forwards with a batch of one, and none larger, before it is the run's batch
 
@@ -111,7 +112,7 @@ def _calls_eval(a, path: str) -> bool:
     tree = a.source.tree(path)
     if tree is None:
         return True  # unknown: the harm is assumed
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr == "eval" and not node.args:
                 return True

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _last_two_names(node: ast.Subscript) -> tuple[str, str] | None:
@@ -21,7 +22,7 @@ def swapped_subscripts(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, text)`` of the subscripts read (not assigned) whose last two indices are two names
     that another subscript of the script gives in the other order (``reg[b, :, gx, gy]`` beside
     ``obj[b, gy, gx] = 1``)."""
-    subscripts = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript)]
+    subscripts = [n for n in walk(tree) if isinstance(n, ast.Subscript)]
     pairs = {}
     for node in subscripts:
         names = _last_two_names(node)

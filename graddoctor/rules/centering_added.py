@@ -7,6 +7,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _SOFTMAX = ("softmax", "log_softmax")
 _CENTER = re.compile(r"(^|_)(center|centre|centers|centres)($|_)", re.I)
@@ -66,13 +67,13 @@ def _running(tree: ast.AST) -> set[str]:
     an in-place method called on it (``self.center.mul_(m).add_(...)``, ``center.data.copy_``).
     A name only ever initialised (a registered buffer, a constant window) is a fixed prior."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign):
             name = _last_name(node.target)
             if name is not None:
                 names.add(name)
         elif isinstance(node, ast.Assign):
-            read = {_last_name(n) for n in ast.walk(node.value)}
+            read = {_last_name(n) for n in walk(node.value)}
             names.update(name for target in node.targets
                          if (name := _last_name(target)) is not None and name in read)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -94,7 +95,7 @@ def centers_added(tree: ast.AST) -> list[tuple[int, str, str]]:
     subtracts it. A center the file never updates is a fixed offset (a prior), not judged."""
     found = []
     running = _running(tree)
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         bound: dict[str, list] = {}
         for node in scope_walk(scope):

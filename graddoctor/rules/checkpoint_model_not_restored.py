@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # keys of a checkpoint's training state besides the model's weights
 _STATE_WORDS = ("optim", "sched", "scaler", "lr", "ema", "epoch", "step", "rng", "best", "loss",
@@ -23,7 +24,7 @@ def _saved_checkpoints(tree: ast.AST) -> list[tuple[dict[str, str], int]]:
     """``({key: owner}, line)`` of each dict literal given to ``torch.save`` whose values are
     ``X.state_dict()`` calls (other values are left out of the map)."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "save" and node.args and isinstance(node.args[0], ast.Dict):
             owners = {}
@@ -40,7 +41,7 @@ def _read_keys(tree: ast.AST) -> tuple[set[str], bool]:
     """The string keys read anywhere (``c["k"]``, ``c.get("k")``), and whether any key is read
     by a computed subscript (a loop over keys: nothing can be said)."""
     keys, computed = set(), False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             index = node.slice
             if isinstance(index, ast.Constant) and isinstance(index.value, str):
@@ -58,7 +59,7 @@ def _read_keys(tree: ast.AST) -> tuple[set[str], bool]:
 def _restores(tree: ast.AST, keys: set[str]) -> list[tuple[int, str, str]]:
     """``(line, text, key)`` of each ``X.load_state_dict(c["key"])`` for a key in ``keys``."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "load_state_dict" and node.args:
             arg = node.args[0]

@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 from .checkpoint_model_not_restored import _read_keys, _restores, _state_dict_of
+from ..analysis.source import walk
 
 # what the keys or owners of a resumable training state are called: the optimizer, the lr
 # scheduler, the AMP grad scaler, and the counters the loop restarts from
@@ -24,7 +25,7 @@ def _saved(tree: ast.AST) -> list[tuple[dict[str, tuple[str, str]], int]]:
     training-state ``X.state_dict()`` values (optimizer, scheduler, scaler) and the loop
     counters (``"epoch": epoch``) it holds."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "save" and node.args and isinstance(node.args[0], ast.Dict):
             held = {}
@@ -46,7 +47,7 @@ def _saved(tree: ast.AST) -> list[tuple[dict[str, tuple[str, str]], int]]:
 def _positioned_scheduler(tree: ast.AST) -> bool:
     """Whether a call passes ``last_epoch`` a value other than -1 (a scheduler rebuilt at the
     position a resume reached: ``CosineAnnealingLR(opt, T_max, last_epoch=start - 1)``)."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call):
             for kw in node.keywords:
                 if kw.arg == "last_epoch" and not (
@@ -59,7 +60,7 @@ def _positioned_scheduler(tree: ast.AST) -> bool:
 def _replayed_scheduler(tree: ast.AST) -> bool:
     """Whether a loop does nothing but step a scheduler (``for _ in range(start_epoch):
     scheduler.step()``): the schedule replayed to the resumed position instead of loaded."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.For) and node.body and all(
                 isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                 and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "step"
@@ -72,7 +73,7 @@ def _replayed_scheduler(tree: ast.AST) -> bool:
 def _restarted_loop(tree: ast.AST, after: int, counter: str) -> int | None:
     """The line of the first ``for <counter> in ...`` after line ``after``: the loop that starts
     again from its first value."""
-    loops = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno > after
+    loops = [n.lineno for n in walk(tree) if isinstance(n, ast.For) and n.lineno > after
              and isinstance(n.target, ast.Name) and n.target.id == counter]
     return min(loops) if loops else None
 

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 # calls of the loop that are no constraint write: the update's own and the gradients'
 _LOOP_CALLS = frozenset({"backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_",
@@ -20,7 +21,7 @@ def _calls_between(tree: ast.AST, first: int, last: int) -> list[tuple[int, str]
     """Statements strictly between lines ``first`` and ``last`` that only call a function of
     the script's (``apply_masks()``, ``project(model)``): ``[(line, name)]``."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and first < node.lineno < last:
             name = _called(node.value)
@@ -34,7 +35,7 @@ def _writes_between(tree: ast.AST, first: int, last: int) -> list[tuple[int, str
     not list: any in-place method (``w.masked_fill_(m, 0)``, ``w.index_fill_(...)``) and item
     assignments (``w[pad] = 0``), never on a ``.grad``: ``[(line, root name)]``."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not first < getattr(node, "lineno", 0) < last:
             continue
         target = None

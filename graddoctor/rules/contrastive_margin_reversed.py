@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _last_name(node: ast.AST) -> str:
@@ -76,7 +77,7 @@ def _statements(body: list) -> list[ast.stmt]:
 def _scopes(tree: ast.AST) -> list[list]:
     """The module's body and each function's, as lists of statements."""
     scopes = [tree.body] if isinstance(tree, ast.Module) else []
-    scopes.extend(node.body for node in ast.walk(tree)
+    scopes.extend(node.body for node in walk(tree)
                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
     return scopes
 
@@ -111,7 +112,7 @@ def _reversed_sum(node: ast.BinOp, bound: dict) -> tuple[int, str, str] | None:
         return None
     distance = ast.unparse(hinge.left)
     # the plain term pulls the same distance (d, d ** 2, d.pow(2)): the similar pairs
-    if not any(ast.unparse(n) == distance for f in plain_rest for n in ast.walk(f)):
+    if not any(ast.unparse(n) == distance for f in plain_rest for n in walk(f)):
         return None
     return line, ast.unparse(term), distance
 
@@ -133,7 +134,7 @@ def reversed_margins(tree: ast.AST) -> list[tuple[int, str, str]]:
                 expr = getattr(stmt, field, None)
                 if not isinstance(expr, ast.AST):
                     continue
-                for node in ast.walk(expr):
+                for node in walk(expr):
                     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
                         hit = _reversed_sum(node, bound)
                         if hit is not None:
@@ -288,7 +289,7 @@ def _words(node: ast.AST) -> list[str]:
     (``batch["chosen_ids"]``, ``r_chosen``, ``policyChosenLogps``)."""
     import re
     words = []
-    for n in ast.walk(node):
+    for n in walk(node):
         text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else \
             n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
         if text:
@@ -344,7 +345,7 @@ def _any_side(node: ast.AST, bound: dict, depth: int) -> bool:
     words = set(_words(node))
     if any(pair[0] & words or pair[1] & words for pair in _PAIRS):
         return True
-    names = [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+    names = [n.id for n in walk(node) if isinstance(n, ast.Name)]
     return depth < 4 and any(name in bound and _any_side(bound[name][1], bound, depth + 1)
                              for name in names)
 
@@ -374,7 +375,7 @@ def _outer_sign(root: ast.AST, target: ast.AST) -> int | None:
     """The sign ``target`` enters ``root`` with: +1, -1, or None when an op between them is not
     a sum, difference, negation, constant factor, mean or sum."""
     parents = {}
-    for n in ast.walk(root):
+    for n in walk(root):
         for child in ast.iter_child_nodes(n):
             parents[child] = n
     sign, node = 1, target
@@ -447,7 +448,7 @@ def _is_loss(stmt: ast.stmt, function: str) -> bool:
     if any("loss" in " ".join(_words(t)) for t in targets):
         return True
     return isinstance(stmt, ast.Expr) and any(
-        isinstance(n, ast.Attribute) and n.attr == "backward" for n in ast.walk(stmt.value))
+        isinstance(n, ast.Attribute) and n.attr == "backward" for n in walk(stmt.value))
 
 
 def _where(node: ast.AST, bound: dict, line: int, depth: int = 0) -> int:
@@ -458,7 +459,7 @@ def _where(node: ast.AST, bound: dict, line: int, depth: int = 0) -> int:
     if leaves and _orientation(leaves) is not None:
         return line
     if depth < 4:
-        for name in dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)):
+        for name in dict.fromkeys(n.id for n in walk(node) if isinstance(n, ast.Name)):
             if name in bound and not (_REFERENCE & set(_words(ast.Name(id=name)))) \
                     and _any_side(bound[name][1], bound, depth + 1):
                 found = _where(bound[name][1], bound, bound[name][0], depth + 1)
@@ -477,7 +478,7 @@ def reversed_preferences(tree: ast.AST) -> list[tuple[int, str, str]]:
     or the policy's log-probs minus the reference's) instead of subtracting it."""
     found: dict = {}
     scopes = [("", tree.body)] if isinstance(tree, ast.Module) else []
-    scopes += [(node.name, node.body) for node in ast.walk(tree)
+    scopes += [(node.name, node.body) for node in walk(tree)
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for function, body in scopes:
         bound: dict = {}
@@ -486,7 +487,7 @@ def reversed_preferences(tree: ast.AST) -> list[tuple[int, str, str]]:
                 continue
             value = getattr(stmt, "value", None)
             if isinstance(value, ast.AST) and _is_loss(stmt, function):
-                for node in ast.walk(value):
+                for node in walk(value):
                     arg = _judged(node)
                     pushed = None  # the sign of arg that minimising the loss raises
                     if arg is not None:
@@ -585,7 +586,7 @@ def _is_preference_loss(function: ast.AST) -> bool:
     """Whether a function's body holds an increasing pairwise loss (``logsigmoid``, ``softplus``,
     ``log(sigmoid(x))``, a hinge)."""
     return any(isinstance(node, ast.Call) and _judged(node) is not None
-               for node in ast.walk(function))
+               for node in walk(function))
 
 
 def swapped_preference_calls(tree: ast.AST) -> list[tuple[int, str, str, str]]:
@@ -595,7 +596,7 @@ def swapped_preference_calls(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     argument naming the other side of that pair (``dpo_loss(logp(policy, rejected),
     logp(policy, chosen), ...)``) and at none the same side."""
     functions: dict = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             params = [a.arg for a in node.args.args]
             sides = {i: _side(ast.Name(id=name)) for i, name in enumerate(params)}
@@ -605,7 +606,7 @@ def swapped_preference_calls(tree: ast.AST) -> list[tuple[int, str, str, str]]:
                     and _is_preference_loss(node):
                 functions.setdefault(node.name, []).append((params, sides))
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or _last_name(node.func) not in functions \
                 or any(isinstance(a, ast.Starred) for a in node.args):
             continue

@@ -8,6 +8,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOSSES = {"cross_entropy", "CrossEntropyLoss", "log_softmax", "LogSoftmax", "nll_loss"}
 _INVERSE = re.compile(r"logit_scale|inv_temp|inverse_temp", re.I)  # an inverse temperature: multiplies
@@ -27,7 +28,7 @@ def _name(node: ast.AST) -> str | None:
 
 def _similarity(node: ast.AST) -> bool:
     """A matrix product of features: ``a @ b.t()``, ``torch.matmul``, ``einsum``."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
             return True
         if isinstance(sub, ast.Call):
@@ -49,7 +50,7 @@ def logit_scale_divisions(tree: ast.AST) -> list[tuple[int, str, str]]:
     features) divided by a learned logit scale (CLIP's ``logit_scale.exp()``, an inverse
     temperature meant to multiply), directly or through a name the scope binds once."""
     found = []
-    for scope in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+    for scope in [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         bound: dict[str, list] = {}
         for node in scope_walk(scope):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

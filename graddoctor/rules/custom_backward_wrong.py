@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # what a gradient-reversal layer is called: ReverseLayerF, GradReverse, GradientReversal, GRL,
 # RevGrad, grad_reverse, reverse_gradient, "reverse the gradient" in a docstring or comment;
@@ -29,7 +30,7 @@ def _returns(tree: ast.AST | None, def_line: int) -> list[ast.Return]:
     functions nested in it)."""
     if tree is None:
         return []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == def_line:
             found: list[ast.Return] = []
             stack = list(node.body)
@@ -66,10 +67,10 @@ def _reversal_fix(tree: ast.AST | None, def_line: int, index: int) -> tuple[int,
         return None
     target = elts[index]
     if isinstance(target, ast.Name):
-        function = next(n for n in ast.walk(tree)
+        function = next(n for n in walk(tree)
                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and n.lineno == def_line)
-        assigned = [n for n in ast.walk(function) if isinstance(n, ast.Assign)
+        assigned = [n for n in walk(function) if isinstance(n, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == target.id for t in n.targets)]
         nones = [n for n in assigned if isinstance(n.value, ast.Constant) and n.value.value is None]
         computed = [n for n in assigned if n not in nones]
@@ -102,20 +103,20 @@ def _backward_return(tree, line: int) -> tuple[int | None, str | None]:
     if tree is None:
         return None, None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "backward" \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             best = node
     if best is None:
         return None, None
-    returns = [n for n in ast.walk(best) if isinstance(n, ast.Return) and n.value is not None]
+    returns = [n for n in walk(best) if isinstance(n, ast.Return) and n.value is not None]
     params = [arg.arg for arg in best.args.args]
     grad = params[1] if len(params) > 1 else (best.args.vararg.arg if best.args.vararg else None)
     # a read of its dtype, device or shape alone (``mask.to(grad_output.dtype)``) is no read
-    meta = {id(n.value) for n in ast.walk(best) if isinstance(n, ast.Attribute)
+    meta = {id(n.value) for n in walk(best) if isinstance(n, ast.Attribute)
             and n.attr in ("dtype", "device", "shape", "ndim", "size", "dim", "new_zeros",
                            "new_ones", "new_empty")}
-    used = {n.id for n in ast.walk(best) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    used = {n.id for n in walk(best) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
             and id(n) not in meta}
     unread = grad if grad is not None and not best.args.vararg and grad not in used else None
     return (returns[0].lineno if len(returns) == 1 else None), unread

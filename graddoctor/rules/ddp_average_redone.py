@@ -9,6 +9,7 @@ from ..findings import Role, Severity
 from .allreduce_not_averaged import _loss_factor, _summed_as_is
 from .base import Rule, plural, related
 from .unscaled_accumulation import SCALE_INVARIANT
+from ..analysis.source import walk
 
 _CLOSE = 1e-3  # relative: a loss factor of exactly 1 / world
 MIN_UPDATES = 2  # updates seen with the loss divided by the world size before it is said
@@ -44,7 +45,7 @@ def world_division(text: str) -> bool:
         tree = ast.parse(text.strip())
     except SyntaxError:
         return False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _names_world(node.right):
             return True
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) and _names_world(node.value):

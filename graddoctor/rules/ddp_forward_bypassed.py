@@ -6,6 +6,7 @@ from ..analysis import written
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 MIN_UPDATES = 2  # updates whose gradients no DDP forward made before it is reported
 
@@ -123,7 +124,7 @@ def _module_call(a, loc: Location | None) -> Location | None:
     if tree is None:
         return None
     lines = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         func = node.func
@@ -132,7 +133,7 @@ def _module_call(a, loc: Location | None) -> Location | None:
         if func.attr == "module" and not _no_grad_inside(tree, node.lineno):
             lines.add(node.lineno)
     if not lines:  # accelerate: the module accelerator.unwrap_model(model) returns, trained
-        lines = {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+        lines = {node.lineno for node in walk(tree) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Attribute) and node.func.attr == "unwrap_model"
                  and not _no_grad_inside(tree, node.lineno)}
     if len(lines) != 1:
@@ -142,7 +143,7 @@ def _module_call(a, loc: Location | None) -> Location | None:
 
 def _no_grad_inside(tree, line: int) -> bool:
     """Whether ``line`` sits in a ``with torch.no_grad():`` / ``inference_mode()`` block."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.With) and node.lineno <= line <= (node.end_lineno or node.lineno):
             for item in node.items:
                 text = ast.unparse(item.context_expr)

@@ -6,6 +6,7 @@ import operator
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
@@ -23,7 +24,7 @@ def _text(node: ast.AST) -> str:
 def _constants(tree: ast.AST) -> dict[str, ast.AST]:
     """Names the file assigns exactly once (a plain ``name = value``), with their value."""
     seen: dict[str, list[ast.AST]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
@@ -31,7 +32,7 @@ def _constants(tree: ast.AST) -> dict[str, ast.AST]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
             seen.setdefault(node.target.id, []).extend([node.value, node.value])
         elif isinstance(node, (ast.For, ast.comprehension)):
-            for n in ast.walk(node.target):
+            for n in walk(node.target):
                 if isinstance(n, ast.Name):
                     seen.setdefault(n.id, []).extend([n, n])
     return {name: values[0] for name, values in seen.items() if len(values) == 1}
@@ -133,9 +134,9 @@ def _clamped_within(stmt: ast.stmt, target: ast.AST) -> bool:
     or the statement is a test (``if 1 - step / N > 0:``)."""
     if isinstance(stmt, (ast.If, ast.While, ast.Assert)):
         return True
-    for node in ast.walk(stmt):
+    for node in walk(stmt):
         if isinstance(node, ast.Call) and _callee(node) in _CLAMPS \
-                and any(n is target for n in ast.walk(node)):
+                and any(n is target for n in walk(node)):
             return True
     return False
 
@@ -144,9 +145,9 @@ def _clamped_later(statements: list[ast.stmt], after: int, names: set[str]) -> b
     for stmt in statements:
         if stmt.lineno <= after:
             continue
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if isinstance(node, ast.Call) and _callee(node) in _CLAMPS and any(
-                    isinstance(n, ast.Name) and n.id in names for a in node.args for n in ast.walk(a)):
+                    isinstance(n, ast.Name) and n.id in names for a in node.args for n in walk(a)):
                 return True
     return False
 
@@ -159,7 +160,7 @@ def decays_past_zero(tree: ast.AST) -> list[dict]:
     epochs while the counter and the stop do not."""
     table = _constants(tree)
     found, seen = [], set()
-    for loop in ast.walk(tree):
+    for loop in walk(tree):
         if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
                 and isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Name)
                 and loop.iter.func.id in ("range", "trange") and 1 <= len(loop.iter.args) <= 3):
@@ -168,7 +169,7 @@ def decays_past_zero(tree: ast.AST) -> list[dict]:
         stop = loop.iter.args[0] if len(loop.iter.args) == 1 else loop.iter.args[1]
         statements = list(_own_statements(loop.body))
         for stmt in statements:
-            for node in ast.walk(stmt):
+            for node in walk(stmt):
                 length = _decay(node, counter)
                 if length is None or id(node) in seen:
                     continue

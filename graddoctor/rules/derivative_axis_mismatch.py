@@ -7,6 +7,7 @@ from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # a derivative named by its directions after the function's name: u_x, u_xx, u_xt, p_y
 _NAMED = re.compile(r"^([A-Za-z][A-Za-z0-9]*)_([a-z]+)$")
@@ -85,7 +86,7 @@ def mislabelled_derivatives(tree: ast.AST) -> list[tuple[int, str, str, int, str
     (``xt = torch.cat([x, t], 1)``) or, failing that, agreed by the other named columns of the
     same gradient (``u_x, u_t = du[:, 0:1], du[:, 1:2]``)."""
     found = []
-    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    scopes = [tree, *(n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
     for scope in scopes:
         assigns = [n for n in _scope_walk(scope) if isinstance(n, ast.Assign)]
         stacked: dict[str, list[str]] = {}

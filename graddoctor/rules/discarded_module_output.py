@@ -126,7 +126,7 @@ def _thrown_away(a, frames, leaf: bool):
             names = [n for n in names if not n.startswith("_")]
             if not names:
                 return None  # `_ = ...`: thrown away on purpose
-            read = {n.id for n in ast.walk(function)
+            read = {n.id for n in walk(function)
                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             if not any(n in read for n in names):
                 return path, statement.lineno, ast.unparse(statement), tuple(names)

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _FILLS = ("full", "full_like", "new_full", "zeros", "zeros_like", "new_zeros", "ones", "ones_like",
           "new_ones")
@@ -21,7 +22,7 @@ def target_fill(tree: ast.AST, line: int) -> tuple[int, str] | None:
     """``(line, text)`` of the fill that builds the target of the loss called on ``line``: the
     target argument's last assignment above it in the same function, when that is a
     ``torch.full(...)``, ``zeros``, ``ones`` (or their ``_like`` and ``new_`` forms)."""
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and n.lineno <= line
              <= (n.end_lineno or n.lineno) and len(n.args) >= 2]
     named = [c for c in calls if _call_name(c.func) in _LOSSES] or calls
     if len(named) != 1:
@@ -30,10 +31,10 @@ def target_fill(tree: ast.AST, line: int) -> tuple[int, str] | None:
     target = next((k.value for k in call.keywords if k.arg == "target"), call.args[1])
     if not isinstance(target, ast.Name):
         return None
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
               and n.lineno <= line <= (n.end_lineno or n.lineno)]
     scope = min(scopes, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if scopes else tree
-    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+    assigns = [n for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
                and any(isinstance(t, ast.Name) and t.id == target.id for t in n.targets)]
     if not assigns:
         return None

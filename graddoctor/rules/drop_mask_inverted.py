@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _DROP_WORDS = ("drop", "uncond", "null")
 # a rate named for what it drops (`p_uncond`, `drop_prob`, `mask_ratio`, `cfg_p`)
@@ -41,7 +42,7 @@ def _constants(tree: ast.AST) -> dict[str, float]:
     def bind(name: str, value) -> None:
         seen.setdefault(name, set()).add(value)
 
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args.posonlyargs + node.args.args
             defaults = dict(zip([a.arg for a in args][len(args) - len(node.args.defaults):], node.args.defaults))
@@ -163,7 +164,7 @@ def _roles(tree: ast.AST, name: str) -> set[str]:
     or "keep" (true rows keep theirs), read from its uses (``torch.where``'s branches, an
     indexed assignment, ``masked_fill``, a product), else from its name."""
     roles, products = set(), set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             # cond * mask keeps the rows where the mask holds (a "drop_mask" multiplied in is
             # a keep mask whatever its name); cond * (1 - mask) drops them
@@ -223,10 +224,10 @@ def _rescaled_by_keep(tree: ast.AST, name: str, rate: ast.AST) -> bool:
     by the keep probability says the script takes ``rate`` for the share dropped, and the mask
     for the rows kept."""
     complement = f"1 - {ast.unparse(rate)}"
-    for stmt in ast.walk(tree):
+    for stmt in walk(tree):
         if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.Expr)):
             continue
-        nodes = list(ast.walk(stmt))
+        nodes = list(walk(stmt))
         if not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
                    and name in (_mask_name(n.left), _mask_name(n.right)) for n in nodes):
             continue
@@ -246,7 +247,7 @@ def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
     keep (or drop): the dropping happens with probability 1 - rate."""
     constants = _constants(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         value = node.value
@@ -298,11 +299,11 @@ def _bound_once(scope: ast.AST) -> dict[str, list]:
                 if isinstance(target, ast.Name):
                     bound.setdefault(target.id, []).append(node)
                 else:
-                    for name in ast.walk(target):
+                    for name in walk(target):
                         if isinstance(name, ast.Name):
                             bound.setdefault(name.id, []).append(None)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
-            for name in ast.walk(node.target):
+            for name in walk(node.target):
                 if isinstance(name, ast.Name):
                     bound.setdefault(name.id, []).append(None)
     return bound
@@ -338,7 +339,7 @@ def kept_at_drop_rate(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     it is (``keep_prob = drop_prob``), while the mask multiplies the kept values in. The line
     is the keep probability's assignment where there is one, else the draw."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         bound = _bound_once(scope)
         for node in scope_walk(scope):

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _DRAWS = ("bernoulli", "bernoulli_", "rand", "rand_like", "binomial")
 
@@ -13,7 +14,7 @@ def _random_mask(node: ast.AST) -> bool:
     """A binary random draw: ``torch.bernoulli(...)`` (or ``bernoulli_``), or a uniform draw
     compared with a probability (``torch.rand(h) < keep``), maybe scaled (``/ (1 - p)``) or
     cast (``.float()``)."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -40,7 +41,7 @@ def _self_attr(node: ast.AST) -> str | None:
 def _masks_made_at_construction(init: ast.FunctionDef) -> dict[str, int]:
     """``{attribute: line}`` of the binary random masks ``__init__`` keeps on ``self``."""
     found = {}
-    for node in ast.walk(init):
+    for node in walk(init):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and (name := _self_attr(node.targets[0])) and _random_mask(node.value):
             found[name] = node.lineno
@@ -62,7 +63,7 @@ def _weight_like(node: ast.AST) -> bool:
 def _training_guarded(method: ast.FunctionDef) -> list[ast.AST]:
     """The statements of ``method`` that run only in training (``if self.training:``)."""
     inside = []
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.If) and "self.training" in ast.unparse(node.test) \
                 and "not self.training" not in ast.unparse(node.test):
             inside.extend(node.body)
@@ -76,7 +77,7 @@ def _applied(method: ast.FunctionDef, name: str) -> list[ast.AST]:
     """The products of an activation with ``self.<name>`` in ``method`` (``h * self.mask``,
     ``h.mul(self.mask)``, ``torch.mul(h, self.mask)``), a parameter's value excluded."""
     uses = []
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for mine, other in ((node.left, node.right), (node.right, node.left)):
                 if _self_attr(mine) == name and not _weight_like(other):
@@ -94,8 +95,8 @@ def _applied(method: ast.FunctionDef, name: str) -> list[ast.AST]:
 def _redrawn(tree: ast.AST, init: ast.FunctionDef, name: str) -> bool:
     """Whether anything but ``__init__`` sets ``<obj>.<name>`` again, or draws into it in place
     (``self.mask.bernoulli_(keep)``)."""
-    inside_init = {id(n) for n in ast.walk(init)}
-    for node in ast.walk(tree):
+    inside_init = {id(n) for n in walk(init)}
+    for node in walk(tree):
         if id(node) in inside_init:
             continue
         if isinstance(node, (ast.Assign, ast.AugAssign)):
@@ -114,7 +115,7 @@ def masks_drawn_once(tree: ast.AST) -> list[dict]:
     methods multiply an activation by in training only (``if self.training:``): a dropout
     mask drawn once, the same units dropped at every step."""
     found = []
-    for cls in ast.walk(tree):
+    for cls in walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
@@ -127,7 +128,7 @@ def masks_drawn_once(tree: ast.AST) -> list[dict]:
             for method in methods.values():
                 if method is init:
                     continue
-                guarded = {id(n) for stmt in _training_guarded(method) for n in ast.walk(stmt)}
+                guarded = {id(n) for stmt in _training_guarded(method) for n in walk(stmt)}
                 uses = [u for u in _applied(method, name) if id(u) in guarded]
                 if uses:
                     found.append({"cls": cls.name, "mask": name, "drawn": line,
@@ -165,10 +166,10 @@ def _loop_masks(body: list) -> list[dict]:
             assigned = any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
                 isinstance(t, ast.Name) and t.id == name
                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
-                for n in ast.walk(stmt))
+                for n in walk(stmt))
             if assigned:
                 continue
-            uses = [n for n in ast.walk(stmt) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+            uses = [n for n in walk(stmt) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
                     and any(isinstance(side, ast.Name) and side.id == name and not _weight_like(other)
                             for side, other in ((n.left, n.right), (n.right, n.left)))]
             if uses:
@@ -181,7 +182,7 @@ def _loop_masks(body: list) -> list[dict]:
 def _assigns(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
         isinstance(t, ast.Name) and t.id == name
-        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in ast.walk(node))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in walk(node))
 
 
 def _global_masks(module: ast.Module) -> list[dict]:
@@ -197,10 +198,10 @@ def _global_masks(module: ast.Module) -> list[dict]:
     for name, line in drawn.items():
         if sum(_assigns(stmt, name) for stmt in module.body) > 1:
             continue  # drawn again at the top level (in the loop)
-        for func in ast.walk(module):
+        for func in walk(module):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or _assigns(func, name):
                 continue
-            uses = [n for n in ast.walk(func) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+            uses = [n for n in walk(func) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
                     and any(isinstance(side, ast.Name) and side.id == name and not _weight_like(other)
                             for side, other in ((n.left, n.right), (n.right, n.left)))]
             if uses:
@@ -213,7 +214,7 @@ def _global_masks(module: ast.Module) -> list[dict]:
 def loop_masks_drawn_once(tree: ast.AST) -> list[dict]:
     """``_loop_masks`` of the module's body and of each function's, and ``_global_masks``."""
     found = _loop_masks(tree.body) if isinstance(tree, ast.Module) else []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found.extend(_loop_masks(node.body))
     if isinstance(tree, ast.Module):

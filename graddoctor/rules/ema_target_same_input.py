@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _UPDATES = ("mul_", "add_", "lerp_", "copy_", "sub_")
 # a forward that draws its own noise makes two calls on one input differ: left out
@@ -20,7 +21,7 @@ def averaged_copies(tree: ast.AST) -> set[tuple[str, str]]:
     """``(copy, original)`` texts of averaged copies: ``t = AveragedModel(s)``, and the loops
     ``for pt, p in zip(t.parameters(), s.parameters())`` that move ``pt`` in place."""
     pairs = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call):
             func = _text(node.value.func)
             call = node.value
@@ -46,7 +47,7 @@ def averaged_copies(tree: ast.AST) -> set[tuple[str, str]]:
                 continue
             names = [_text(e) for e in node.target.elts]
             moved = set()
-            for sub in ast.walk(node):
+            for sub in walk(node):
                 if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
                         and sub.func.attr in _UPDATES:
                     base = sub.func.value
@@ -64,7 +65,7 @@ def _statement_of(scope: ast.AST) -> dict[int, ast.stmt]:
     out = {}
     for stmt in scope_walk(scope):
         if isinstance(stmt, ast.stmt):
-            for sub in ast.walk(stmt):
+            for sub in walk(stmt):
                 out[id(sub)] = stmt  # inner statements are walked later and overwrite
     return out
 
@@ -77,7 +78,7 @@ def _bound_name(stmt: ast.stmt, call: ast.Call) -> str | None:
 
 
 def _reads(stmt: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _assigned_between(scope: ast.AST, names: set[str], lo: int, hi: int) -> bool:
@@ -85,7 +86,7 @@ def _assigned_between(scope: ast.AST, names: set[str], lo: int, hi: int) -> bool
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For)) and lo < node.lineno < hi:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
-                if {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} & names:
+                if {n.id for n in walk(t) if isinstance(n, ast.Name)} & names:
                     return True
     return False
 
@@ -103,7 +104,7 @@ def _trains(stmt: ast.stmt, quiet: list[tuple[int, int]]) -> bool:
     if any(lo <= stmt.lineno <= hi for lo, hi in quiet):
         return False
     return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr in ("item", "tolist") for n in ast.walk(stmt))
+                   and n.func.attr in ("item", "tolist") for n in walk(stmt))
 
 
 def same_input_pairs(tree: ast.AST, text: str) -> list[tuple[int, int, str, str, str]]:
@@ -114,15 +115,15 @@ def same_input_pairs(tree: ast.AST, text: str) -> list[tuple[int, int, str, str,
     if any(w in text for w in ("Dropout", "DropPath")):
         return []
     # a network's forward or the helper that calls it drawing noise makes two calls differ
-    drawing = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+    drawing = {n.name for n in walk(tree) if isinstance(n, ast.FunctionDef)
                and any(w in _text(n) for w in _STOCHASTIC)}
-    if any(isinstance(n, ast.FunctionDef) and n.name == "forward" and n.name in drawing for n in ast.walk(tree)):
+    if any(isinstance(n, ast.FunctionDef) and n.name == "forward" and n.name in drawing for n in walk(tree)):
         return []
     pairs = averaged_copies(tree)
     if not pairs:
         return []
     found = []
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         calls = [n for n in scope_walk(scope) if isinstance(n, ast.Call) and n.args]
         if len(calls) < 2:
@@ -148,9 +149,9 @@ def same_input_pairs(tree: ast.AST, text: str) -> list[tuple[int, int, str, str,
                     # method defines the copy's target at another point of the trajectory
                     if rest is None or len(rest) < 2 or fo in drawing:
                         continue
-                    if any(isinstance(n, ast.Call) for r in rest for n in ast.walk(r)):
+                    if any(isinstance(n, ast.Call) for r in rest for n in walk(r)):
                         continue
-                    names = {n.id for r in rest for n in ast.walk(r) if isinstance(n, ast.Name)}
+                    names = {n.id for r in rest for n in walk(r) if isinstance(n, ast.Name)}
                     lo, hi = sorted((online.lineno, other.lineno))
                     if _assigned_between(scope, names, lo, hi):
                         continue

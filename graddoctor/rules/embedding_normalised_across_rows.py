@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _NORMS = ("normalize", "norm", "vector_norm")
 
@@ -27,7 +28,7 @@ def normalisations_across_rows(tree) -> list[tuple[int, str]]:
     found = []
     if tree is None:
         return found
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func

@@ -7,6 +7,7 @@ from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import scope_walk as _nested
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # names of a flag that ends an episode or a rollout
 _EPISODE_FLAG = re.compile(r"(^|_)(done|dones|terminal|terminated|truncated|finished|over|ended|end)$", re.I)
@@ -17,7 +18,7 @@ def _assigns(nodes, name: str) -> bool:
         targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
             n, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)) else []
         for t in targets:
-            if any(isinstance(x, ast.Name) and x.id == name for x in ast.walk(t)):
+            if any(isinstance(x, ast.Name) and x.id == name for x in walk(t)):
                 return True
     return False
 
@@ -66,8 +67,8 @@ def flags_never_reset(tree: ast.AST) -> list[tuple[int, str, int, int]]:
                                           if not _bool_constants(s) and not isinstance(
                                               s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))}
     bodies = [(module, ())]
-    bodies += [(n.body, tuple(name for g in ast.walk(n) if isinstance(g, ast.Global) for name in g.names))
-               for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    bodies += [(n.body, tuple(name for g in walk(n) if isinstance(g, ast.Global) for name in g.names))
+               for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for body, shared in bodies:
         values: dict = {}  # flag -> its constant, set at this level so far

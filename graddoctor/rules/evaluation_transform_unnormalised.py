@@ -7,6 +7,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _TRAIN = re.compile(r"(^|_)train(ing)?($|_)", re.I)
 _EVAL = re.compile(r"(^|_)(eval|evaluation|test|val|valid|validation|inference)($|_)", re.I)
@@ -30,7 +31,7 @@ def _normalises(node: ast.AST, defs: dict | None = None, depth: int = 0) -> bool
     scale named (or attributes), also as methods or functions (``x.sub(mean).div(std)``,
     ``torch.div(torch.sub(x, mean), std)``); or a name of the module (``defs``) that does (a helper
     ``normalize(img)`` the pipeline calls, ``norm = T.Normalize(MEAN, STD)`` in its list)."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if defs and depth < 2 and isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) \
                 and sub.id in defs and defs[sub.id] is not node \
                 and _normalises(defs[sub.id], defs, depth + 1):
@@ -110,7 +111,7 @@ def unnormalised_evaluation(tree: ast.AST) -> list[tuple[int, str, str, int]]:
                 continue
             if _normalises(other_node, defs):
                 continue
-            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(other_node)):
+            if any(isinstance(n, ast.Name) and n.id == name for n in walk(other_node)):
                 continue  # the evaluation pipeline calls the training one
             found.append((_site(other_node, other_kind, other_line), other, name, line))
     return sorted(set(found))

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # a transform and the inverse that undoes it, one table per direction
 _FORWARD = {"fft", "rfft", "fft2", "rfft2", "fftn", "rfftn"}
@@ -40,7 +41,7 @@ def _assignments(scope: ast.AST) -> list[tuple[set[str], ast.AST]]:
     """``(names written, value)`` for each assignment of ``scope`` outside nested functions; a
     write into an item or an attribute (``out_ft[:, :m] = ...``) writes its base name."""
     out = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if node is not scope and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue
         if isinstance(node, ast.Assign):
@@ -51,7 +52,7 @@ def _assignments(scope: ast.AST) -> list[tuple[set[str], ast.AST]]:
             continue
         names = set()
         for target in targets:
-            for sub in ast.walk(target):
+            for sub in walk(target):
                 while isinstance(sub, (ast.Subscript, ast.Attribute, ast.Starred)):
                     sub = sub.value
                 if isinstance(sub, ast.Name):
@@ -72,7 +73,7 @@ def _reaches(source: ast.Call, expr: ast.AST, assignments) -> bool:
     the scope assigns from it (in any order: a loop may carry them)."""
     derived: set[str] = set()
     def reads(node: ast.AST) -> bool:
-        return any(sub is source or (isinstance(sub, ast.Name) and sub.id in derived) for sub in ast.walk(node))
+        return any(sub is source or (isinstance(sub, ast.Name) and sub.id in derived) for sub in walk(node))
     changed = True
     while changed:
         changed = False
@@ -89,11 +90,11 @@ def mismatched_fft_pairs(tree: ast.AST) -> list[tuple[int, str, str, int, str, s
     conventions, every transform of the scope under one norm and every inverse under another;
     ``line`` is the call that spells its norm (the forward one when both do)."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    inner = {id(n) for f in scopes for n in ast.walk(f) if n is not f}
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inner = {id(n) for f in scopes for n in walk(f) if n is not f}
     for scope in scopes + [tree]:
         calls = {"forward": [], "inverse": []}
-        for node in ast.walk(scope):
+        for node in walk(scope):
             if node is not scope and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                        ast.Lambda, ast.ClassDef)):
                 continue

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 class FlowDimensionUntransformed(Rule):
@@ -85,17 +86,17 @@ def _same_mask_every_layer(tree) -> int | None:
     if tree is None:
         return None
     found = []
-    named = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    named = {id(n.value) for n in walk(tree) if isinstance(n, ast.Assign)
              and any("mask" in ast.unparse(t).lower() for t in n.targets)}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             continue
-        loop_vars = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
-        used = {n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name)}
+        loop_vars = {n.id for g in node.generators for n in walk(g.target) if isinstance(n, ast.Name)}
+        used = {n.id for n in walk(node.elt) if isinstance(n, ast.Name)}
         if loop_vars & used:
             continue
-        words = [n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name)] + \
-            [n.attr for n in ast.walk(node.elt) if isinstance(n, ast.Attribute)]
+        words = [n.id for n in walk(node.elt) if isinstance(n, ast.Name)] + \
+            [n.attr for n in walk(node.elt) if isinstance(n, ast.Attribute)]
         if id(node) in named or any("mask" in w.lower() for w in words):
             found.append(node.lineno)
     return found[0] if len(found) == 1 else None

@@ -7,6 +7,7 @@ from ..analysis.basics import written
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, one_or_many, related
+from ..analysis.source import walk
 
 # What moves a frozen parameter whose gradient is zero (the step_begin event's ``moved_by``),
 # worst first: the severity and the words of the message.
@@ -251,7 +252,7 @@ def _grad_write_line(a, path: str, first: int, last: int) -> int | None:
     if tree is None or first > last:
         return None
     lines = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.stmt) and first <= node.lineno <= last):
             continue
         if isinstance(node, (ast.Assign, ast.AugAssign)):

@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from .accumulated_grads_rescaled import _rescales_grad, _statements
 from .base import Rule, related
+from ..analysis.source import walk
 
 _COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith, ast.Try)
 
@@ -37,7 +38,7 @@ def _calls(stmt: ast.stmt, method: str) -> bool:
     if isinstance(stmt, _COMPOUND):
         return False
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == method
-               for n in ast.walk(stmt))
+               for n in walk(stmt))
 
 
 def edits_after_last_step(loop: ast.AST, step_lines: set[int]) -> tuple[int, str, int] | None:
@@ -137,7 +138,7 @@ class GradEditAfterStep(Rule):
             if not in_loop or not any(e.loc.path == loc.path and first <= e.loc.line <= last for e in clears):
                 continue  # no step, or gradients that accumulate across passes of the loop
             tree = a.source.tree(loc.path)
-            loop = next((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
+            loop = next((n for n in walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
                          and n.lineno == first and (n.end_lineno or n.lineno) == last), None) \
                 if tree is not None else None
             if loop is None:

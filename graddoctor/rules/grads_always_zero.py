@@ -8,6 +8,7 @@ from ..analysis.basics import written
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 # autograd nodes whose gradient is zero everywhere (or zero once saturated), by what the script
 # calls: the names searched in its source for the line to change, and what to do instead
@@ -418,7 +419,7 @@ class GradsAlwaysZero(Rule):
             return None
         owners = set(_module_attrs(a, pids)) | set(_containers(a, pids))
         written = None
-        for cls in ast.walk(tree):
+        for cls in walk(tree):
             if isinstance(cls, ast.ClassDef):
                 if written is None:
                     written = _written_attrs_but_init(tree)
@@ -453,7 +454,7 @@ def _autograd_function_lines(tree) -> set[int]:
     lines: set[int] = set()
     if tree is None:
         return lines
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.ClassDef) and any(
                 (isinstance(b, ast.Name) and b.id == "Function")
                 or (isinstance(b, ast.Attribute) and b.attr == "Function") for b in node.bases):
@@ -478,13 +479,13 @@ def _state_read(tree, call_line: int) -> tuple[int, str] | None:
     ``call_line`` bound (``_, (h_n, _) = self.lstm(x)`` ... ``h_n[0]``), in its function."""
     if tree is None:
         return None
-    for scope in ast.walk(tree):
+    for scope in walk(tree):
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             continue
-        for stmt in ast.walk(scope):
+        for stmt in walk(scope):
             if isinstance(stmt, ast.Assign) and stmt.lineno == call_line:
-                names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-                reads = sorted((n.lineno, ast.unparse(n)) for n in ast.walk(scope)
+                names = {n.id for t in stmt.targets for n in walk(t) if isinstance(n, ast.Name)}
+                reads = sorted((n.lineno, ast.unparse(n)) for n in walk(scope)
                                if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
                                and n.value.id in names and n.lineno >= call_line
                                and isinstance(n.slice, (ast.Constant, ast.UnaryOp)))
@@ -507,7 +508,7 @@ def _zero_tensor(value) -> str | None:
         return None
     if name == "tensor":
         if not value.args or not all(isinstance(c, ast.Constant) and c.value == 0
-                                     for c in ast.walk(value.args[0]) if isinstance(c, ast.Constant)):
+                                     for c in walk(value.args[0]) if isinstance(c, ast.Constant)):
             return None
     if name == "full":
         if len(value.args) < 2 or not (isinstance(value.args[1], ast.Constant) and value.args[1].value == 0):
@@ -516,13 +517,13 @@ def _zero_tensor(value) -> str | None:
 
 
 def _self_attrs(node) -> set[str]:
-    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    return {n.attr for n in walk(node) if isinstance(n, ast.Attribute)
             and isinstance(n.value, ast.Name) and n.value.id == "self"}
 
 
 def _called_self_attrs(node) -> set[str]:
     names = set()
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Call):
             func = n.func
             while isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
@@ -536,11 +537,11 @@ def _written_attrs(tree) -> set[str]:
     """Attribute names the file assigns (``self.gate = ...``, ``block.gate = ...``, ``+=``) or
     writes in place (``model.gate.fill_(v)``): a gate set from a schedule is no constant."""
     names = set()
-    for stmt in ast.walk(tree):
+    for stmt in walk(tree):
         if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for t in targets:
-                for n in ast.walk(t):
+                for n in walk(t):
                     if isinstance(n, ast.Attribute):
                         names.add(n.attr)
         elif isinstance(stmt, ast.Call) and isinstance(stmt.func, ast.Attribute) \
@@ -555,7 +556,7 @@ def _zero_gate_in_class(cls: ast.ClassDef, owners: set[str], written: set[str]):
     for f in methods:
         if f.name != "__init__":
             continue
-        for stmt in ast.walk(f):
+        for stmt in walk(f):
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 t = stmt.targets[0]
                 made = _zero_tensor(stmt.value)
@@ -568,7 +569,7 @@ def _zero_gate_in_class(cls: ast.ClassDef, owners: set[str], written: set[str]):
     for f in methods:
         if f.name == "__init__":
             continue
-        for node in ast.walk(f):
+        for node in walk(f):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
                 continue
             for gate_side, branch in ((node.right, node.left), (node.left, node.right)):

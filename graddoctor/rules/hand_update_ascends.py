@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 _MEASURED = 2  # hand-written updates measured, at least
 # an update climbs when its cosine with the gradient it applied is above _ALONG_EACH at every
@@ -20,7 +21,7 @@ _LOSS_WORDS = re.compile(r"loss|criterion|cost|err|nll|mse|bce|crossentropy|cros
 
 
 def _reads_grad(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node))
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in walk(node))
 
 
 def _negative(node: ast.AST | None) -> bool:
@@ -36,7 +37,7 @@ def _receiver_name(node: ast.AST) -> str:
 
 def _graded(tree: ast.AST) -> set[str]:
     """What the code reads a ``.grad`` of: the tensors an update may be written to."""
-    return {ast.unparse(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "grad"}
+    return {ast.unparse(n.value) for n in walk(tree) if isinstance(n, ast.Attribute) and n.attr == "grad"}
 
 
 def _positive_scale(call: ast.Call) -> bool:
@@ -48,11 +49,11 @@ def _adaptive_climbs(tree: ast.AST) -> list[int]:
     """Lines of a hand-written adaptive update that adds its step to a parameter whose ``.grad``
     the same function reads: ``p.addcdiv_(m_hat, v_hat.sqrt() + eps, value=lr)``."""
     lines = []
-    for func in ast.walk(tree):
+    for func in walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             continue
         graded = _graded(func)
-        for node in ast.walk(func):
+        for node in walk(func):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in _IN_PLACE_ADDS and not any(map(_reads_grad, node.args)) \
                     and _receiver_name(node.func.value) in graded and _positive_scale(node):
@@ -65,7 +66,7 @@ def _climbing_lines(tree: ast.AST) -> list[int]:
     ``p.data = p.data + lr * p.grad``; else those that add an adaptive step made from it."""
     lines = []
     graded = _graded(tree)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and _reads_grad(node.value) \
                 and not _negative(node.value):
             lines.append(node.lineno)

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 _MEASURED = 2  # hand-written updates whose size was measured, at least
 _AGREES = 0.02  # relative gap between the measured step and lr / batch the source names
@@ -14,7 +15,7 @@ _BATCH_NAME = re.compile(r"^(bs|bsz|b|n|n_?samples|num_?samples|num_?examples|mb
 
 
 def _reads_grad(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node))
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in walk(node))
 
 
 def _text(node: ast.AST) -> str:
@@ -76,15 +77,15 @@ def divided_updates(tree: ast.AST) -> list[tuple[int, str, ast.AST, list]]:
     """``(line, the divisor's text, the divisor, the other factors)`` of each descent update in
     the file that divides the gradient by a batch's size."""
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         expr = _update_of(node)
         if expr is None:
             continue
-        for sub in ast.walk(expr):
+        for sub in walk(expr):
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) and _batch_divisor(sub.right):
-                factors = [n for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute))
+                factors = [n for n in walk(expr) if isinstance(n, (ast.Name, ast.Attribute))
                            and not _reads_grad(n) and n is not sub.right
-                           and not any(n is m for m in ast.walk(sub.right))]
+                           and not any(n is m for m in walk(sub.right))]
                 out.append((node.lineno, _text(sub.right), sub.right, factors))
                 break
     return sorted(out, key=lambda t: t[0])

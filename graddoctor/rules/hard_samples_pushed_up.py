@@ -7,6 +7,7 @@ from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import _enclosing_function
 from .base import Rule, related
+from ..analysis.source import walk
 
 _UNREDUCED = ("binary_cross_entropy_with_logits", "binary_cross_entropy", "cross_entropy",
               "nll_loss")
@@ -28,7 +29,7 @@ def weighting_lines(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, text)`` of the multiplications, in the function that computes it, of an
     unreduced classification loss's result (a name assigned from the call) by another factor."""
     out = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]
     for scope in scopes:
         inside = list(_own_nodes(scope))
         names = set()
@@ -40,7 +41,7 @@ def weighting_lines(tree: ast.AST) -> list[tuple[int, str]]:
         for statement in inside:
             if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.Return)):
                 continue
-            for node in ast.walk(statement):
+            for node in walk(statement):
                 if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and any(
                         isinstance(side, ast.Name) and side.id in names
                         for side in (node.left, node.right)):
@@ -207,7 +208,7 @@ def combining_line(tree, line: int) -> int | None:
     if tree is None:
         return None
     body = _enclosing_function(tree, line).body
-    statements = [s for s in ast.walk(ast.Module(body=body, type_ignores=[]))
+    statements = [s for s in walk(ast.Module(body=body, type_ignores=[]))
                   if isinstance(s, ast.stmt) and not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
     statements.sort(key=lambda s: s.lineno)
     start = next((s for s in statements if s.lineno <= line <= (s.end_lineno or s.lineno)
@@ -219,7 +220,7 @@ def combining_line(tree, line: int) -> int | None:
     for s in statements:
         if s.lineno <= (start.end_lineno or start.lineno):
             continue
-        names = [n.id for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+        names = [n.id for n in walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
         uses = names.count(loss)
         if uses == 0 and not derived.intersection(names):
             continue

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # the registration methods, and which positional parameter of the hook (after `self` for a
 # method) holds the value the hook may replace by returning it
@@ -16,13 +17,13 @@ def _hook_functions(tree: ast.AST) -> list[tuple[ast.Call, ast.FunctionDef, int]
     registration of a hook the file defines once under that name (a function, or a method named
     through ``self.``); registrations ``with_kwargs=True`` (another signature) left out."""
     defs: dict[str, list] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs.setdefault(node.name, []).append(node)
-    methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+    methods = {id(f) for c in walk(tree) if isinstance(c, ast.ClassDef)
                for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
     found = []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                 and call.func.attr in _REPLACED and call.args):
             continue
@@ -67,7 +68,7 @@ def discarded_edit(function, index: int) -> tuple[int, str] | None:
         return None
     rebinds = [n for n in nodes if isinstance(n, ast.Assign)
                and any(isinstance(t, ast.Name) and t.id == param for t in n.targets)
-               and any(isinstance(v, ast.Name) and v.id == param for v in ast.walk(n.value))]
+               and any(isinstance(v, ast.Name) and v.id == param for v in walk(n.value))]
     if not rebinds:
         return None
     last = max(rebinds, key=lambda n: (n.lineno, n.col_offset))

@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk as _own_nodes
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOSS_FUNCTIONS = frozenset({"cross_entropy", "nll_loss"})
 _LOSS_MODULES = frozenset({"CrossEntropyLoss", "NLLLoss"})
@@ -188,7 +189,7 @@ def _masked_subscript(labels: ast.AST, masks: set[str]) -> bool:
 
 def _scopes(tree: ast.AST):
     yield tree
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
 
@@ -201,7 +202,7 @@ def clamped_label_losses(tree: ast.AST) -> list[dict]:
     modules: dict[str, bool] = {}  # name or attribute bound to a loss module -> reduces rows
     regression: dict[str, bool] = {}  # the same for a regression loss module
     ignoring: set[str] = set()  # loss modules built with an ignore_index
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                 and _callee_name(node.value.func) in _LOSS_MODULES | _REGRESSION_MODULES:
             red = _keyword(node.value, "reduction")
@@ -216,7 +217,7 @@ def clamped_label_losses(tree: ast.AST) -> list[dict]:
     masks: set[str] = set()
     bound: dict[str, ast.AST] = {}  # a name bound once to a mask (a comparison, isnan, a call)
     counts: dict[str, int] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Compare):
             masks.update(t.id for t in node.targets if isinstance(t, ast.Name))
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -271,7 +272,7 @@ def clamped_label_losses(tree: ast.AST) -> list[dict]:
                 # over every entry then, but nothing trained toward 0)
                 if "isnan" in text or "nan_to_num" in text or any(
                         isinstance(n, ast.Name) and n.id in bound and _nan_mask(n, labels, bound)
-                        for n in ast.walk(given) if given is not None):
+                        for n in walk(given) if given is not None):
                     continue
             seen.add(call.lineno)
             found.append({"line": at, "loss_line": call.lineno, "loss": name,

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # what makes a per-sample derivative scale-free: its direction only (FGSM, a normalised step)
 _SCALE_FREE = {"sign", "normalize"}
@@ -57,7 +58,7 @@ def _made_differentiable(scope_nodes, name: str) -> bool:
                 and n.func.value.id == name:
             return True
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
-            for m in ast.walk(n.value):
+            for m in walk(n.value):
                 if isinstance(m, ast.Call) and (
                         (isinstance(m.func, ast.Attribute) and m.func.attr == "requires_grad_")
                         or any(k.arg == "requires_grad" and isinstance(k.value, ast.Constant)
@@ -69,7 +70,7 @@ def _made_differentiable(scope_nodes, name: str) -> bool:
 def _calls(node: ast.AST, names) -> bool:
     return any(isinstance(n, ast.Call) and (
         (isinstance(n.func, ast.Attribute) and n.func.attr in names)
-        or (isinstance(n.func, ast.Name) and n.func.id in names)) for n in ast.walk(node))
+        or (isinstance(n.func, ast.Name) and n.func.id in names)) for n in walk(node))
 
 
 def _scale_free_use(scope_nodes) -> bool:
@@ -129,10 +130,10 @@ def batch_mean_input_grads(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     module level) made differentiable itself (data, not parameters), in a scope that does not
     keep only the derivative's direction (``.sign()``, a norm)."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    inner = {id(n) for f in scopes for n in ast.walk(f) if n is not f}
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inner = {id(n) for f in scopes for n in walk(f) if n is not f}
     for scope in scopes + [tree]:
-        nodes = [n for n in ast.walk(scope) if scope is not tree or id(n) not in inner]
+        nodes = [n for n in walk(scope) if scope is not tree or id(n) not in inner]
         if _scale_free_use(nodes):
             continue
         for n in nodes:

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # methods that keep what a tensor holds (a device move, a cast, a reshape)
 _SAME_VALUES = {"to", "float", "double", "cuda", "cpu", "view", "reshape", "unsqueeze", "squeeze",
@@ -64,7 +65,7 @@ def _family(base: str) -> str:
 
 def _scaling_mentioned(node: ast.AST, models: set[str]) -> bool:
     """Whether a value reads statistics, a scaling helper or a model's output (not plain data)."""
-    for n in ast.walk(node):
+    for n in walk(node):
         name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
         if name in models or any(w in name.lower() for w in _SCALING_WORDS + ("mean", "std", "mu", "sigma")):
             return True
@@ -74,7 +75,7 @@ def _scaling_mentioned(node: ast.AST, models: set[str]) -> bool:
 def _model_names(tree: ast.AST) -> set[str]:
     """Names assigned a constructed module (``model = DeepONet()``, ``net = nn.Sequential(...)``)."""
     names = set()
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             value = _strip(n.value)
             if isinstance(value, ast.Call):
@@ -86,10 +87,10 @@ def _model_names(tree: ast.AST) -> set[str]:
 
 
 def _scopes(tree: ast.AST):
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    inner = {id(n) for f in functions for n in ast.walk(f) if n is not f}
+    functions = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inner = {id(n) for f in functions for n in walk(f) if n is not f}
     for scope in functions + [tree]:
-        yield [n for n in ast.walk(scope) if id(n) not in inner or scope is not tree]
+        yield [n for n in walk(scope) if id(n) not in inner or scope is not tree]
 
 
 def _resolve(nodes, name: str, line: int):

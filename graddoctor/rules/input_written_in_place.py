@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # in-place methods that give the same result when applied twice, that write values rather than
 # transform them (a memory bank's slot, a mask's fill), or that change only the view
@@ -57,16 +58,16 @@ def _binds(node: ast.AST, name: str) -> bool:
 def input_writes(tree: ast.AST, def_line: int, name: str) -> list[tuple[int, str, str]]:
     """``(line, statement, operation)`` of each in-place arithmetic on the argument ``name`` in
     the function defined at ``def_line``, before the name is bound to another tensor."""
-    function = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    function = next((n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and n.lineno == def_line), None)
     if function is None:
         return []
-    nodes = [n for n in ast.walk(function) if hasattr(n, "lineno") and n is not function]
+    nodes = [n for n in walk(function) if hasattr(n, "lineno") and n is not function]
     rebound = min((n.lineno for n in nodes if _binds(n, name)), default=None)
     statements = {}
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.stmt) and node is not function:
-            for child in ast.walk(node):
+            for child in walk(node):
                 statements.setdefault(id(child), node)
     found = []
     for node in nodes:

@@ -7,6 +7,7 @@ from ..analysis.reorder import (collate_fields_apart, fields_reordered_apart, in
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 
 class InputsPermutedWithoutLabels(Rule):
@@ -139,7 +140,7 @@ class InputsPermutedWithoutLabels(Rule):
                 continue
             packs = any(isinstance(n, ast.Attribute) and n.attr == "pack_padded_sequence"
                         or isinstance(n, ast.Name) and n.id == "pack_padded_sequence"
-                        for n in ast.walk(tree))
+                        for n in walk(tree))
             for line, perm, moved, kept in reordered_beside_kept(tree):
                 names = ", ".join(f"`{n}`" for n in kept)
                 both = ", ".join([*moved, *kept])

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _NOISE = ("randn", "randn_like", "normal", "normal_", "normal_like")
 # a gradient whose scale is thrown away: its sign, or divided by its norm
@@ -40,11 +41,11 @@ def _grad_call(value: ast.AST) -> ast.Call | None:
 
 
 def _loads(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _calls(node: ast.AST) -> set[str]:
-    return {_name(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    return {_name(n.func) for n in walk(node) if isinstance(n, ast.Call)}
 
 
 def _leftmost(node: ast.AST) -> ast.AST:
@@ -59,8 +60,8 @@ def mean_drifts(tree: ast.AST) -> list[tuple[int, str, str, int]]:
     (``x = x - step * g + noise``) in an update that adds Gaussian noise, the gradient's scale
     kept (no ``sign()``, no division by its norm)."""
     found = []
-    for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
-        body = [s for stmt in loop.body for s in ast.walk(stmt) if isinstance(s, ast.stmt)]
+    for loop in (n for n in walk(tree) if isinstance(n, (ast.For, ast.While))):
+        body = [s for stmt in loop.body for s in walk(stmt) if isinstance(s, ast.stmt)]
         grads: dict[str, tuple[ast.Assign, str, str, int]] = {}
         means: dict[str, tuple[ast.AST, int]] = {}  # e = energy(x).mean() before the grad
         for stmt in body:

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _one_line(a, path: str, pattern: re.Pattern) -> tuple[int, str] | None:
@@ -18,7 +19,7 @@ def _one_line(a, path: str, pattern: re.Pattern) -> tuple[int, str] | None:
             hits.append((number, code.strip()))
     if len(hits) > 1:
         tree = a.source.tree(path)
-        spans = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+        spans = [(n.lineno, n.end_lineno or n.lineno) for n in walk(tree)
                  if isinstance(n, ast.FunctionDef) and n.name == "forward"] if tree is not None else []
         hits = [h for h in hits if any(first <= h[0] <= last for first, last in spans)]
     return hits[0] if len(hits) == 1 else None

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 class LogDetSignReversed(Rule):
@@ -146,11 +147,11 @@ def _log_and_power_statement(a, path):
     if tree is None:
         return None
     found = []
-    for stmt in ast.walk(tree):
+    for stmt in walk(tree):
         if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.AnnAssign)) or stmt.value is None:
             continue
         logs, powers = {}, set()
-        for n in ast.walk(stmt.value):
+        for n in walk(stmt.value):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "log":
                 arg = n.func.value if not n.args else n.args[0]  # x.log() / torch.log(x)
                 if isinstance(arg, ast.Name):
@@ -196,7 +197,7 @@ def _log_det_accumulated_negatively(a, loc, text):
     if not _ADDED.search(text) and not _adds_log_det(tree):
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub) \
                 and isinstance(node.target, ast.Name) and _ADDED.search("+" + node.target.id):
             found.append(node)
@@ -219,7 +220,7 @@ def _log_det_word(node) -> bool:
 def _adds_log_det(tree) -> bool:
     """Whether the script adds a log-det to something else (``return log_pz + log_det`` in the
     flow's ``log_prob``, which the loss's line calls) outside a sum of the log-det into itself."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
                 node.target if isinstance(node, ast.AugAssign) else None

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # a log-variance, log-std or log-scale by its name (`logvar`, `log_var`, `log_sigma`, `logstd`)
 _LOG_SCALE = re.compile(r"^(log_?var(iance)?|log_?sigma2?|log_?std|log_?scale|log_?sd)(_\w+)?$",
@@ -46,7 +47,7 @@ def log_scales_used_as_scales(tree: ast.AST) -> list[tuple[int, str, str]]:
     itself (``mu + logvar * eps``, ``mean + torch.randn_like(mean) * log_std``) and each
     distribution built with one as its scale (``Normal(mu, log_std)``)."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
             for product in (node.left, node.right):
                 if isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult):

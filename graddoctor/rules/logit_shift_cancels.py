@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _REDUCTIONS = frozenset({"mean", "sum", "amax", "max", "amin", "min", "logsumexp", "std", "var",
                          "median", "nanmean"})
@@ -13,7 +14,7 @@ _REDUCTIONS = frozenset({"mean", "sum", "amax", "max", "amin", "min", "logsumexp
 def _statement_at(tree, line: int):
     """The innermost statement of ``tree`` that spans ``line``."""
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
             if best is None or node.lineno >= best.lineno:
                 best = node
@@ -23,7 +24,7 @@ def _statement_at(tree, line: int):
 def _keepdim_reduction(node) -> bool:
     """Whether ``node`` holds a reduction over an axis other than 0 that keeps it
     (``x.mean(dim=1, keepdim=True)``): one value per row, broadcast back over the classes."""
-    for call in ast.walk(node):
+    for call in walk(node):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                 and call.func.attr in _REDUCTIONS):
             continue
@@ -49,7 +50,7 @@ def reduction_line(a, loc) -> int | None:
     if statement is None or _keepdim_reduction(statement):
         return None
     lines = set()
-    for name in {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)
+    for name in {n.id for n in walk(statement) if isinstance(n, ast.Name)
                  and isinstance(n.ctx, ast.Load)}:
         found = a.source.term_assignment(loc.path, loc.line, name)
         if found is None or found[0] >= loc.line:

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOOKUPS = {"EmbeddingBackward0", "EmbeddingDenseBackward0", "IndexBackward0", "IndexSelectBackward0",
             "GatherBackward0", "EmbeddingBagBackward0"}
@@ -19,7 +20,7 @@ _SHAPED = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "eye", 
 def _called_names(tree: ast.AST) -> dict[str, list[int]]:
     """name -> the lines where the name is a call's callee or one of its positional arguments."""
     used: dict[str, list[int]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call):
             for n in [node.func, *node.args]:
                 if isinstance(n, ast.Name):
@@ -89,7 +90,7 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
     * one call on both sides of a difference or product (``self.user(u) * self.user(u)``)."""
     found: list[tuple[int, str]] = []
     called = _called_names(tree)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             value = _uncopied(value)
@@ -142,12 +143,12 @@ def _owner(a, pids) -> str:
 def own_draw(tree: ast.AST, line: int) -> str | None:
     """For an alias ``b = a`` at ``line`` whose ``a`` was assigned a call before (``a = f(x)``):
     ``b = f(x)``, the draw of its own that ``b`` should get."""
-    alias = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line
+    alias = next((n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno == line
                   and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)), None)
     source = _uncopied(alias.value) if alias is not None else None
     if not isinstance(source, ast.Name):
         return None
-    made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno < line and len(n.targets) == 1
+    made = [n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno < line and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == source.id]
     if not made:
         return None
@@ -168,7 +169,7 @@ def _own_function_call(tree: ast.AST | None, text: str) -> str | None:
         return None
     name = call.func.id
     defined = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-                  for n in ast.walk(tree))
+                  for n in walk(tree))
     return name if defined else None
 
 

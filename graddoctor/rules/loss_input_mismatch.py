@@ -8,6 +8,7 @@ from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
 from .model_end import model_end_line
+from ..analysis.source import walk
 
 _EXPECTS = {
     "cross_entropy": "logits (it applies log_softmax itself)",
@@ -261,7 +262,7 @@ def _input_origin(a, loc, fn: str) -> tuple[int, str] | None:
     tree = a.source.tree(loc.path)
     names = [fn]
     if tree is not None:
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args \
                     and node.lineno <= loc.line <= (node.end_lineno or node.lineno):
                 names.append(node.func.id)
@@ -277,9 +278,9 @@ def _swapped_call(tree, line: int) -> str | None:
     (``criterion(y, model(x))`` -> ``criterion(model(x), y)``), or None when not one such call."""
     if tree is None:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and n.lineno == line
              and len(n.args) == 2 and not any(isinstance(x, ast.Starred) for x in n.args)]
-    outer = [c for c in calls if not any(c is not o and c in ast.walk(o) for o in calls)]
+    outer = [c for c in calls if not any(c is not o and c in walk(o) for o in calls)]
     if len(outer) != 1:
         return None
     call = outer[0]

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _constants(tree: ast.AST) -> dict[str, object]:
@@ -36,7 +37,7 @@ def ignored_comparisons(tree: ast.AST, value: int) -> list[tuple[int, str]]:
     script: the literal, a module constant bound to it, or a name saying ``ignore``."""
     constants = _constants(tree)
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
             sides = (node.left, node.comparators[0])
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \

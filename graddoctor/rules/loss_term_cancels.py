@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _signed_terms(node: ast.AST, sign: int, out: list) -> None:
@@ -19,7 +20,7 @@ def _signed_terms(node: ast.AST, sign: int, out: list) -> None:
 
 
 def _named(node: ast.AST) -> bool:
-    return any(isinstance(n, (ast.Name, ast.Attribute)) for n in ast.walk(node))
+    return any(isinstance(n, (ast.Name, ast.Attribute)) for n in walk(node))
 
 
 def cancelled_terms(tree: ast.AST) -> list[tuple[int, str, str]]:
@@ -27,13 +28,13 @@ def cancelled_terms(tree: ast.AST) -> list[tuple[int, str, str]]:
     (``1 + logvar - mu ** 2 - logvar``): the term cancels and its gradient with it. Outermost
     chains only; terms that hold a name (no constants)."""
     found, inner = [], set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if id(node) in inner or not (isinstance(node, ast.BinOp)
                                      and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
         terms: list = []
         _signed_terms(node, 1, terms)
-        inner.update(id(n) for n in ast.walk(node))
+        inner.update(id(n) for n in walk(node))
         if len(terms) < 3:
             continue  # `a - a` alone is a zero anyone would see; a cancellation hides in a sum
         seen: dict[str, int] = {}

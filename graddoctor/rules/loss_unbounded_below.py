@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _TERM = {"exp": "-exp(v)", "square": "-v**2",
          "logsumexp": "x[a] - logsumexp(x): a log-softmax written out",
@@ -201,7 +202,7 @@ def _variance_form(text: str) -> bool:
         return False
     mean_of_squares, squares_of_mean = set(), set()
     big_factor = False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         inner = _mean_of(node)
         if inner is not None and _squared(inner) is not None:
             mean_of_squares.add(ast.unparse(_squared(inner)))

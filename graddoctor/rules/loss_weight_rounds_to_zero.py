@@ -6,6 +6,7 @@ from ..analysis.source import rounded_value, without_rounding
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 class LossWeightRoundsToZero(Rule):
@@ -97,12 +98,12 @@ class LossWeightRoundsToZero(Rule):
         if tree is None:
             return []
         assigned: dict[str, list] = {}
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                     and isinstance(node.targets[0], ast.Name):
                 assigned.setdefault(node.targets[0].id, []).append(node)
         named, inline, explained = {}, {}, False
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
                 continue
             for operand in (node.left, node.right):

@@ -7,6 +7,7 @@ from dataclasses import replace
 from ..findings import Severity
 from .base import Rule, related
 from .unscaled_accumulation import SCALE_INVARIANT
+from ..analysis.source import walk
 
 MIN_STEPS = 3  # single-backward updates whose loss factor equals the lr
 MIN_EDITS = 2  # measured hand edits whose factor equals the lr
@@ -245,7 +246,7 @@ def _edit_line(a, edit):
     if tree is None:
         return None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         line = getattr(node, "lineno", None)
         if line is None or not loc.line - 12 <= line <= loc.line:
             continue

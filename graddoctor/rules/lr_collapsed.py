@@ -8,6 +8,7 @@ from ..trace import Location
 from .base import Rule, related
 from .lr_factor_compounded import LrFactorCompounded
 from .schedule_factor_is_lr import ScheduleFactorIsLr
+from ..analysis.source import walk
 
 # what to change, by the scheduler that wrote the collapsed lr
 _FIXES = {
@@ -214,10 +215,10 @@ def _lambda_return(a, built) -> int | None:
     tree = a.source.tree(built.path)
     if tree is None:
         return None
-    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    defs = [n for n in walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
     if len(defs) != 1:
         return None
-    returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
+    returns = [n for n in walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
     return returns[0].lineno if len(returns) == 1 else None
 
 
@@ -229,18 +230,18 @@ def _written_value_line(a, write) -> int | None:
     tree = a.source.tree(write.path)
     if tree is None:
         return None
-    writes = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == write.line
+    writes = [n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno == write.line
               and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
               and isinstance(n.value, ast.Name)]
     if len(writes) != 1:
         return None
     name = writes[0].value.id
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
               and n.lineno <= write.line <= (n.end_lineno or n.lineno)]
     scope = min(scopes, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if scopes else tree
-    inner = {id(d) for f in ast.walk(scope) if f is not scope
-             and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for d in ast.walk(f)}
-    assigned = [n.lineno for n in ast.walk(scope) if id(n) not in inner and isinstance(n, ast.Assign)
+    inner = {id(d) for f in walk(scope) if f is not scope
+             and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for d in walk(f)}
+    assigned = [n.lineno for n in walk(scope) if id(n) not in inner and isinstance(n, ast.Assign)
                 and n.lineno < write.line
                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     return max(assigned) if assigned else None

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -12,7 +13,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 def _parents(tree: ast.AST) -> dict:
     parents = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
     return parents
@@ -24,7 +25,7 @@ def _is_lr_item(node: ast.AST) -> bool:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def _factor_of(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
@@ -46,7 +47,7 @@ def _telescopes(factor: ast.AST, outer: ast.AST, counters: set[str]) -> bool:
     steps telescopes to the schedule itself, so compounding it is meant."""
     values = [factor]
     if isinstance(factor, ast.Name):
-        values += [sub.value for sub in ast.walk(outer) if isinstance(sub, ast.Assign)
+        values += [sub.value for sub in walk(outer) if isinstance(sub, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == factor.id for t in sub.targets)]
     for value in values:
         if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div)):
@@ -66,7 +67,7 @@ def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     constant factor (a decay applied at each step on purpose) are left out."""
     parents = _parents(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         pair = _factor_of(node)
         if pair is None:
             continue
@@ -90,7 +91,7 @@ def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
                 continue
             if isinstance(loop, (ast.For, ast.AsyncFor)):
                 counters |= _names(loop.target) - group_names
-            for sub in ast.walk(loop):
+            for sub in walk(loop):
                 if isinstance(sub, ast.AugAssign) and isinstance(sub.op, ast.Add) and isinstance(sub.target, ast.Name):
                     counters.add(sub.target.id)
         if not counters:
@@ -101,7 +102,7 @@ def compounded_factors(tree: ast.AST) -> list[tuple[int, str, str, str]]:
         if not reads:
             outer = loops[-1]
             wanted = _names(factor)
-            for sub in ast.walk(outer):
+            for sub in walk(outer):
                 if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id in wanted
                                                        for t in sub.targets):
                     reads |= _names(sub.value) & counters

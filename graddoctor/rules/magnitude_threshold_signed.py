@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # methods that keep a tensor's values (a copy, a view, a detach): `p.detach()` is `p`
 _SAME_VALUES = {"detach", "clone", "flatten", "view", "reshape", "contiguous", "float", "cpu",
@@ -34,7 +35,7 @@ def _magnitudes_of(node: ast.AST) -> set[str]:
     """The tensors whose absolute values ``node`` reads (``p.abs()``, ``torch.abs(p)``,
     ``abs(p)``, ``p.detach().abs()``)."""
     found = set()
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "abs" \
                 and not n.args:
             base = _base(n.func.value)
@@ -51,7 +52,7 @@ def _magnitudes_of(node: ast.AST) -> set[str]:
 
 def _order_statistic(node: ast.AST) -> bool:
     return any((isinstance(n, ast.Attribute) and n.attr in _ORDER)
-               or (isinstance(n, ast.Name) and n.id in _ORDER) for n in ast.walk(node))
+               or (isinstance(n, ast.Name) and n.id in _ORDER) for n in walk(node))
 
 
 def _negated_in(nodes, threshold: ast.AST) -> bool:
@@ -68,14 +69,14 @@ def signed_magnitude_comparisons(tree: ast.AST) -> list[tuple[int, str, str]]:
     then ``p > thresh``), in one function (or at module level), the threshold inline or
     assigned to a name first."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     scopes.append(tree)
     for scope in scopes:
         body = scope.body if isinstance(scope, ast.Module) else [scope]
         thresholds: dict[str, set[str]] = {}
-        nodes = [n for stmt in body for n in ast.walk(stmt)]
+        nodes = [n for stmt in body for n in walk(stmt)]
         if isinstance(scope, ast.Module):  # module level: not inside a function
-            inner = {id(n) for f in scopes if f is not tree for n in ast.walk(f)}
+            inner = {id(n) for f in scopes if f is not tree for n in walk(f)}
             nodes = [n for n in nodes if id(n) not in inner]
         for n in nodes:
             if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \

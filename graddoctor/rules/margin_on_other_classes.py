@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # names that carry a margin-softmax margin (ArcFace's m, cos_m/sin_m, the th/mm fallback)
 _MARGIN_NAMES = frozenset({"m", "margin", "cos_m", "sin_m", "mm", "m1", "m2", "m3", "m_arc", "m_cos"})
@@ -13,7 +14,7 @@ _MARGIN_NAMES = frozenset({"m", "margin", "cos_m", "sin_m", "mm", "m1", "m2", "m
 def _names(node: ast.AST) -> set[str]:
     """Identifiers an expression reads: names and attribute names."""
     out = set()
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Name):
             out.add(n.id)
         elif isinstance(n, ast.Attribute):
@@ -30,7 +31,7 @@ class _Function:
 
     def __init__(self, function):
         self.assigned: dict[str, list[ast.AST]] = {}
-        for n in ast.walk(function):
+        for n in walk(function):
             if isinstance(n, ast.Assign):
                 for t in n.targets:
                     if isinstance(t, ast.Name):
@@ -89,7 +90,7 @@ def margin_on_other_classes(function) -> list[tuple[int, str]]:
     phi)``."""
     fn = _Function(function)
     found = []
-    for node in ast.walk(function):
+    for node in walk(function):
         # one_hot * plain + (1 - one_hot) * margined, terms and factors in any order
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             left, right = _product(node.left), _product(node.right)
@@ -174,7 +175,7 @@ class MarginOnOtherClasses(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
-            for function in ast.walk(tree):
+            for function in walk(tree):
                 if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 for line, text in margin_on_other_classes(function):

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # in-place writes that put a mask into a weight (``w.mul_(mask)``, ``w.masked_fill_(~m, 0)``)
 _WRITES = frozenset({"mul_", "masked_fill_", "copy_", "masked_scatter_", "where_"})
@@ -12,7 +13,7 @@ _WRITES = frozenset({"mul_", "masked_fill_", "copy_", "masked_scatter_", "where_
 
 def _mentions(node: ast.AST, name: str) -> bool:
     """Whether ``node`` names ``name`` (a variable or an attribute)."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Name) and sub.id == name:
             return True
         if isinstance(sub, ast.Attribute) and sub.attr == name:
@@ -169,7 +170,7 @@ class MaskAppliedOnce(Rule):
         tree = a.source.tree(str(defined[0]))
         if tree is None:
             return None
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "forward" \
                     and int(defined[1]) <= node.lineno <= int(defined[2]):
                 return Location(str(defined[0]), node.lineno, "forward")

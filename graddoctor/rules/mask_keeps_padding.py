@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _FLIPPED = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
             ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
@@ -14,7 +15,7 @@ _PADDING_WORDS = ("len", "pad", "mask", "valid", "seq")
 
 def _comparison(node: ast.AST) -> ast.AST | None:
     """The first comparison of one operator (``a < b``, ``a.eq(b)``) inside ``node``."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Compare) and len(sub.ops) == 1 and type(sub.ops[0]) in _FLIPPED:
             return sub
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
@@ -43,7 +44,7 @@ def _uses(tree: ast.AST, op: str) -> tuple[set[str], list[ast.AST]]:
     those operands or masks written inline as a comparison."""
     names: set[str] = set()
     inline: list[ast.AST] = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if op == "mul" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             operands = [node.left, node.right]
         elif op == "masked_fill" and isinstance(node, ast.Call) \
@@ -68,7 +69,7 @@ def padding_comparisons(tree: ast.AST, op: str) -> list[tuple[int, str, ast.AST]
     fill."""
     names, inline = _uses(tree, op)
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names:
             compare = _comparison(node.value)
@@ -81,7 +82,7 @@ def padding_comparisons(tree: ast.AST, op: str) -> list[tuple[int, str, ast.AST]
 
 def _padding_words(compare: ast.AST) -> bool:
     return any(word in (sub.id if isinstance(sub, ast.Name) else sub.attr).lower()
-               for sub in ast.walk(compare) if isinstance(sub, (ast.Name, ast.Attribute))
+               for sub in walk(compare) if isinstance(sub, (ast.Name, ast.Attribute))
                for word in _PADDING_WORDS)
 
 

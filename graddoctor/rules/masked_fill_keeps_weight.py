@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 from .softmax_wrong_axis import _dim_of
+from ..analysis.source import walk
 
 
 def fill_line(a, path: str, ndim: int) -> tuple[int, str] | None:
@@ -55,7 +56,7 @@ def product_line(a, path: str) -> tuple[int, str] | None:
         return None
     softmaxes = [line for line, _, _ in a.source.calls_named(path, {"softmax", "Softmax"})]
     near, named = set(), set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
                 and any(0 <= s - node.lineno <= 5 for s in softmaxes) \
                 and not any(isinstance(side, ast.Constant) for side in (node.left, node.right)):

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..location import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # an inversion of the mask written on the loss's line: `~m`, `1 - m`, `logical_not(m)`, `m == 0`
 _INVERTED = re.compile(r"~\s*\(?\s*[A-Za-z_]|\b1\.?0?\s*-\s*[A-Za-z_(]|logical_not|==\s*0\b|==\s*False\b")
@@ -221,7 +222,7 @@ def _mask_placement(a, loc, mask_id) -> tuple[Location, str, bool]:
     if tree is None:
         return loc, _MASK_FIX, False
     writes = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         target = node.targets[0]
@@ -304,7 +305,7 @@ def _position_writes(a, path: str, names: list[str]) -> list[tuple[int, str]]:
     if tree is None or not names:
         return []
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         target = node.targets[0]
@@ -326,7 +327,7 @@ def _input_keeps_counted(a, path: str, names: list[str], loss_text: str) -> tupl
         return None
     read = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", loss_text))
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
             continue
         call, func = node.value, node.value.func

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _DROPOUT = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout", "dropout")
 # a forward that draws its own noise samples whatever the mode (a Bayesian layer)
@@ -44,43 +45,43 @@ def _calls_train(node: ast.AST, trainers: set[str]) -> bool:
     True``) or calls a function of the file that does (``enable_dropout(model)``, or hands it
     on: ``model.apply(enable_dropout)``)."""
     return any(_switches_on(n) or (isinstance(n, ast.Call) and _name(n.func) in trainers)
-               or (isinstance(n, ast.Name) and n.id in trainers) for n in ast.walk(node))
+               or (isinstance(n, ast.Name) and n.id in trainers) for n in walk(node))
 
 
 def _loop_vars(target: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(target) if isinstance(n, ast.Name)}
 
 
 def _forwards(node: ast.AST, model: str) -> list[ast.Call]:
     """Calls of ``model`` with positional inputs only (a keyword may ask for sampling:
     ``model(x, mc_dropout=True)``)."""
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    return [n for n in walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
             and n.func.id == model and not n.keywords]
 
 
 def _repeated_forward(stmt: ast.stmt, model: str) -> int | None:
     """The line where ``stmt`` runs ``model`` several times on an input that does not change
     (``[model(x) for _ in range(T)]``, a loop appending ``model(x)``), else None."""
-    for node in ast.walk(stmt):
+    for node in walk(stmt):
         if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and len(node.generators) == 1:
             gen = node.generators[0]
             if isinstance(gen.iter, ast.Call) and _name(gen.iter.func) == "range":
                 calls = _forwards(node.elt, model)
-                names = {n.id for c in calls for n in ast.walk(c) if isinstance(n, ast.Name)}
+                names = {n.id for c in calls for n in walk(c) if isinstance(n, ast.Name)}
                 if calls and not names & _loop_vars(gen.target):
                     return node.lineno
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and _name(node.iter.func) == "range":
             for inner in node.body:
-                for call in (c for c in ast.walk(inner) if isinstance(c, ast.Call) and _name(c.func) == "append"):
+                for call in (c for c in walk(inner) if isinstance(c, ast.Call) and _name(c.func) == "append"):
                     forwards = [f for a in call.args for f in _forwards(a, model)]
-                    names = {n.id for f in forwards for n in ast.walk(f) if isinstance(n, ast.Name)}
+                    names = {n.id for f in forwards for n in walk(f) if isinstance(n, ast.Name)}
                     if forwards and not names & _loop_vars(node.target):
                         return call.lineno
     return None
 
 
 def _blocks(tree: ast.AST):
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -92,18 +93,18 @@ def eval_mode_samples(tree: ast.AST) -> list[tuple[int, str, int]]:
     models use dropout and whose forwards draw no noise of their own, a ``model.eval()``
     followed in its block, with no ``.train()`` call between, by several forwards of the model
     on one unchanged input (Monte Carlo dropout samples)."""
-    dropouts = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _name(n.func) in _DROPOUT]
+    dropouts = [n for n in walk(tree) if isinstance(n, ast.Call) and _name(n.func) in _DROPOUT]
     if not dropouts:
         return []
     # a functional dropout told to stay on (training=True) samples in eval mode too
     if any(k.arg == "training" and not (isinstance(k.value, ast.Attribute) and k.value.attr == "training")
            for d in dropouts for k in d.keywords):
         return []
-    trainers = {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and any(_switches_on(n) for n in ast.walk(fn))}
-    for fn in ast.walk(tree):
+    trainers = {fn.name for fn in walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and any(_switches_on(n) for n in walk(fn))}
+    for fn in walk(tree):
         if isinstance(fn, ast.FunctionDef) and fn.name == "forward" and any(
-                isinstance(n, ast.Call) and _name(n.func) in _DRAWS for n in ast.walk(fn)):
+                isinstance(n, ast.Call) and _name(n.func) in _DRAWS for n in walk(fn)):
             return []
     found: dict[int, tuple[int, str, int]] = {}  # the repeated forward -> the last eval() before it
     for block in _blocks(tree):

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # the token axis a pooled tensor's mean is taken over, as the script writes it
 _TOKEN_AXES = {"batch-first": (1, -2), "length-first": (0,)}
@@ -33,7 +34,7 @@ def token_means(tree: ast.AST, axis: str) -> list[tuple[int, str]]:
     ``h.mean(1)``, ``h.mean(dim=1)``, ``torch.mean(h, 1)`` (dim 0 for a length-first layout)."""
     axes = _TOKEN_AXES[axis]
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "mean"):
             continue

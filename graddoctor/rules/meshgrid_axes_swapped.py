@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # name parts that say which image axis a coordinate runs along
 _X_WORDS = frozenset(("x", "xs", "xx", "xv", "xg", "gx", "cx", "px", "xi", "xgrid", "gridx",
@@ -26,7 +27,7 @@ def _axis_of_expr(node: ast.AST) -> str | None:
     """The one axis the names read by an expression say (``torch.arange(w)``,
     ``torch.linspace(-1, 1, self.height)``), else None."""
     found = set()
-    for sub in ast.walk(node):
+    for sub in walk(node):
         name = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
         if name is not None and name not in ("torch", "np", "numpy", "arange", "linspace"):
             axis = axis_of_name(name)
@@ -60,7 +61,7 @@ def _order_matters(scope: ast.AST, names: tuple[str, str], after: int) -> bool:
     """Whether the script uses the two grids where swapping them changes the result: one
     combined with another coordinate of its own axis (``(xs - cx) ** 2``), or both stacked
     in order (``torch.stack([xs, ys], -1)``). A symmetric use (``xs ** 2 + ys ** 2``) is not."""
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if getattr(node, "lineno", 0) <= after:
             continue
         if isinstance(node, ast.BinOp):
@@ -68,7 +69,7 @@ def _order_matters(scope: ast.AST, names: tuple[str, str], after: int) -> bool:
             for side, other in (sides, sides[::-1]):
                 if isinstance(side, ast.Name) and side.id in names:
                     axis = axis_of_name(side.id)
-                    for sub in ast.walk(other):
+                    for sub in walk(other):
                         if isinstance(sub, ast.Name) and sub.id not in names \
                                 and axis_of_name(sub.id) == axis:
                             return True
@@ -85,12 +86,12 @@ def swapped_meshgrids(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     values of argument k: when the arguments name their axes (``arange(h)``, ``arange(w)``)
     the outputs must name the same ones; when they do not (one ``arange(n)`` twice), "ij"'s
     first output runs down the rows (y) and "xy"'s along the columns (x)."""
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     seen: set[int] = set()
     found = []
     for scope in scopes[::-1]:
         body = scope.body if hasattr(scope, "body") else []
-        for node in (n for stmt in body for n in ast.walk(stmt)):
+        for node in (n for stmt in body for n in walk(stmt)):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) == 2
                     and all(isinstance(e, ast.Name) for e in node.targets[0].elts)):

@@ -7,6 +7,7 @@ from ..findings import Role, Safety, Severity
 from .base import Rule, helper_call, related
 from .source import move_after, related_line
 from .step_before_backward import step_before_backward
+from ..analysis.source import walk
 
 
 class MisplacedZeroGrad(Rule):
@@ -180,7 +181,7 @@ def _gradients_read(a, d) -> bool:
     if tree is None:
         return False
     reads = False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         line = getattr(node, "lineno", None)
         if line is None or not loop[0] <= line <= loop[1]:
             continue
@@ -190,7 +191,7 @@ def _gradients_read(a, d) -> bool:
             node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
             and node.func.attr in ("append", "extend", "add_", "copy_") and node.args else None
         if value is not None and any(isinstance(n, ast.Attribute) and n.attr == "grad"
-                                     for n in ast.walk(value)):
+                                     for n in walk(value)):
             reads = True
     return reads
 
@@ -221,7 +222,7 @@ def _side_pass(a, d) -> bool:
     tree = a.source.tree(here.path)
     if tree is None:
         return False
-    for node in ast.walk(tree):
+    for node in walk(tree):
         line = getattr(node, "lineno", None)
         if line is None or not here.line < line < clear.line:
             continue
@@ -229,7 +230,7 @@ def _side_pass(a, d) -> bool:
             node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
             and node.func.attr in ("append", "extend") and node.args else None
         if value is not None and any(isinstance(n, ast.Attribute) and n.attr == "grad"
-                                     for n in ast.walk(value)):
+                                     for n in walk(value)):
             return True
     return False
 

@@ -7,6 +7,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # names that say an operand of a mix is a label (or a loss of one), not an input
 _LABEL_WORDS = ("y", "label", "target", "onehot", "one_hot", "soft", "cls")
@@ -34,13 +35,13 @@ def _aliases(scope: ast.AST) -> dict[str, ast.AST | None]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.comprehension)):
             pairs.append((node.target, None))
         for target, value in pairs:
-            for name in ast.walk(target):
+            for name in walk(target):
                 if isinstance(name, ast.Name):
                     bound.setdefault(name.id, []).append(value if target is name else None)
     out = {}
     for name, values in bound.items():
         value = values[0] if len(values) == 1 else None
-        if value is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(value)):
+        if value is not None and any(isinstance(n, ast.Name) and n.id == name for n in walk(value)):
             value = None  # `x = lam * x + ...` rebinds a name the scope had before
         out[name] = value
     return out
@@ -81,7 +82,7 @@ def _partner(node: ast.AST, aliases: dict, depth: int = 0) -> str | None:
         value = aliases.get(node.id)
         return _partner(value, aliases, depth + 1) if value is not None and not _module_call(value) else None
     found = None
-    for sub in ast.walk(node):
+    for sub in walk(node):
         key = None
         if isinstance(sub, ast.Subscript) and not isinstance(sub.ctx, ast.Store):
             index = sub.slice.elts[0] if isinstance(sub.slice, ast.Tuple) and sub.slice.elts else sub.slice
@@ -162,7 +163,7 @@ def _is_label_mix(mix: dict) -> bool:
         lowered = text.lower()
         if any(w in lowered for w in _LOSS_WORDS) and "(" in lowered:
             return True
-        for token in ast.walk(ast.parse(text, mode="eval")):
+        for token in walk(ast.parse(text, mode="eval")):
             if isinstance(token, ast.Name):
                 words.add(token.id.lower())
             elif isinstance(token, ast.Attribute):
@@ -176,7 +177,7 @@ def mismatched_mixes(tree: ast.AST) -> list[tuple[int, str, str, int, str]]:
     scope mixing a batch's inputs and its labels (or their losses) with one weight where the
     labels' permuted operand gets the other weight than the inputs' (fault "weights") or reads
     another permutation (fault "partner")."""
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for scope in scopes:
         aliases = _aliases(scope)

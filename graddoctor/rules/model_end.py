@@ -15,6 +15,7 @@ the loss call stays the place shown).
 from __future__ import annotations
 
 import ast
+from ..analysis.source import walk
 
 # an operation kind -> (the names of its function forms, the names of its module classes)
 _FORMS = {
@@ -53,11 +54,11 @@ def _implicit_dim(call: ast.Call) -> bool:
 def _module_classes(tree: ast.AST) -> dict[str, dict[str, ast.Call]]:
     """class name -> {attribute: the constructor call} of ``self.<attr> = nn.X(...)``."""
     out: dict[str, dict[str, ast.Call]] = {}
-    for cls in ast.walk(tree):
+    for cls in walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         attrs = out.setdefault(cls.name, {})
-        for node in ast.walk(cls):
+        for node in walk(cls):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 for target in node.targets:
                     if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
@@ -134,7 +135,7 @@ def _forward_ends(cls: ast.ClassDef, kind: str, attrs, zero_dim: bool) -> list[i
 def _sequential_ends(tree: ast.AST, kind: str, zero_dim: bool) -> list[int]:
     modules = _FORMS[kind][1]
     lines = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and _name(node.func) == "Sequential" and node.args \
                 and not any(isinstance(a, ast.Starred) for a in node.args):
             last = node.args[-1]
@@ -153,7 +154,7 @@ def model_end_line(tree: ast.AST | None, kind: str, zero_dim: bool = False) -> i
     try:
         attrs_of = _module_classes(tree)
         lines = set(_sequential_ends(tree, kind, zero_dim))
-        for cls in ast.walk(tree):
+        for cls in walk(tree):
             if isinstance(cls, ast.ClassDef):
                 lines.update(_forward_ends(cls, kind, attrs_of.get(cls.name, {}), zero_dim))
     except RecursionError:

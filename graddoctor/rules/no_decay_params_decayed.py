@@ -6,6 +6,7 @@ from dataclasses import replace
 from ..findings import Severity
 from ..analysis.optimizer_settings import misspells
 from .base import Rule, plural, related
+from ..analysis.source import walk
 
 
 class NoDecayParamsDecayed(Rule):
@@ -220,7 +221,7 @@ def _group_dict_line(a, loc, index: int) -> int | None:
     tree = a.source.tree(loc.path)
     if tree is None:
         return None
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not (isinstance(call, ast.Call) and call.lineno <= loc.line <= (call.end_lineno or call.lineno)):
             continue
         given = call.args[0] if call.args else next(
@@ -234,7 +235,7 @@ def _group_dict_line(a, loc, index: int) -> int | None:
 def _enclosing(tree, node):
     """The function whose body holds ``node``, else the module."""
     best = tree
-    for f in ast.walk(tree):
+    for f in walk(tree):
         if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and f.lineno <= node.lineno <= (f.end_lineno or f.lineno):
             if best is tree or f.lineno >= best.lineno:
@@ -251,18 +252,18 @@ def _resolve(tree, expr, scope, depth: int):
             return list(expr.elts)
         return None
     if isinstance(expr, ast.Name):
-        found = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+        found = [n.value for n in walk(scope) if isinstance(n, ast.Assign)
                  and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
         if len(found) == 1:
             return _resolve(tree, found[0], scope, depth + 1)
         return None
     if isinstance(expr, ast.Call) and isinstance(expr.func, (ast.Name, ast.Attribute)):
         callee = expr.func.id if isinstance(expr.func, ast.Name) else expr.func.attr
-        defs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        defs = [f for f in walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and f.name == callee]
         if len(defs) != 1:
             return None
-        returns = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
+        returns = [r.value for r in walk(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
         if len(returns) == 1:
             return _resolve(tree, returns[0], defs[0], depth + 1)
     return None
@@ -277,7 +278,7 @@ def _name_list_line(a, loc) -> int | None:
     if tree is None:
         return None
     lines = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple, ast.Set)):
             elts = node.value.elts
             if elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts) \

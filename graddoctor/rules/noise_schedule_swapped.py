@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _NOISE_WORDS = ("noise", "eps", "epsilon")
 # a coefficient that scales the noise: the square root of one minus the cumulative alpha, a sigma
@@ -62,7 +63,7 @@ def swapped_forward_steps(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     the signal's coefficient (a cumulative alpha) and whose clean sample by the noise's (one
     minus it, a sigma): the forward diffusion step with its two coefficients swapped."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         terms = _terms(node)
         if terms is None:
             continue
@@ -100,7 +101,7 @@ def _products(node: ast.AST, op: type) -> tuple[tuple[str, str], tuple[str, str]
 
 def _scopes(tree: ast.AST):
     yield tree
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
 

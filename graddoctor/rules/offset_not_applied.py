@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 def _text(node: ast.AST) -> str:
@@ -28,7 +29,7 @@ def _own(nodes):
 def _names(node: ast.AST | None) -> set[str]:
     if node is None:
         return set()
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def _is_zero(node: ast.AST | None) -> bool:
@@ -60,7 +61,7 @@ def _zeroed_before(block: list[ast.stmt], loop: ast.stmt, name: str) -> bool:
             # a later statement of the block before the loop may still rebind it
             rest = block[block.index(stmt) + 1:block.index(loop)]
             if not any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id == name
-                       for s in rest for n in ast.walk(s)):
+                       for s in rest for n in walk(s)):
                 return True
     return False
 
@@ -70,11 +71,11 @@ def _read_after(block: list[ast.stmt], loop: ast.stmt, name: str) -> bool:
     (``correct / total``), not an offset into the pieces."""
     rest = block[block.index(loop) + 1:]
     return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id == name
-               for stmt in rest for n in ast.walk(stmt))
+               for stmt in rest for n in walk(stmt))
 
 
 def _blocks(tree: ast.AST):
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -85,7 +86,7 @@ def _statement_of(loop: ast.stmt, node: ast.AST) -> ast.stmt:
     best = loop
     for stmt in _own(loop.body):
         if isinstance(stmt, ast.stmt) and not isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try)) \
-                and any(n is node for n in ast.walk(stmt)):
+                and any(n is node for n in walk(stmt)):
             return stmt
     return best
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..findings import Severity
 from .base import Rule, plural, related
+from ..analysis.source import walk
 
 MIN_STEPS = 2  # updates of the optimizer after its construction
 
@@ -122,7 +123,7 @@ def _mentions_freezing(a, path: str) -> bool:
     tree = a.source.tree(path)
     if tree is None:
         return True  # cannot read it: assume the script freezes on purpose
-    for node in ast.walk(tree):
+    for node in walk(tree):
         name = node.id if isinstance(node, ast.Name) else \
             node.attr if isinstance(node, ast.Attribute) else \
             node.arg if isinstance(node, ast.keyword) else \

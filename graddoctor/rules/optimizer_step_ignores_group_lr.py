@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 
 def _lr_reads(step: ast.FunctionDef) -> tuple[list[tuple[int, str]], bool]:
@@ -12,7 +13,7 @@ def _lr_reads(step: ast.FunctionDef) -> tuple[list[tuple[int, str]], bool]:
     optimizer object (``self.defaults["lr"]``, ``self.defaults.get("lr")``, ``self.lr``), and
     whether it reads ``"lr"`` from anything else (``group["lr"]``: a param group)."""
     single, group_read = [], False
-    for node in ast.walk(step):
+    for node in walk(step):
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                 and node.slice.value == "lr":
             if _is_self_attr(node.value, "defaults"):
@@ -40,7 +41,7 @@ def _is_self_attr(node: ast.AST, attr: str) -> bool:
 def _step_of(tree: ast.AST, cls: str) -> ast.FunctionDef | None:
     """The ``step`` method of the script's class ``cls``, when the class is defined in the file
     and subclasses an optimizer (a base whose name ends with ``Optimizer``)."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.ClassDef) and node.name == cls):
             continue
         bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 _BCE = ("binary_cross_entropy_with_logits", "binary_cross_entropy", "BCEWithLogitsLoss", "BCELoss")
 
@@ -14,7 +15,7 @@ def _second_argument(tree, line: int) -> str | None:
     more (a criterion object's ``criterion(logits, targets)``), else None."""
     if tree is None:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and n.lineno == line
              and len(n.args) >= 2 and isinstance(n.args[1], ast.Name)]
     return calls[0].args[1].id if len(calls) == 1 else None
 

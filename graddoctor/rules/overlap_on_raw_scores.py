@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _SQUASH = ("sigmoid", "softmax", "log_softmax", "sigmoid_", "softmax_", "clamp", "clip")
 
@@ -12,7 +13,7 @@ _SQUASH = ("sigmoid", "softmax", "log_softmax", "sigmoid_", "softmax_", "clamp",
 def _summed(node: ast.AST) -> list[ast.AST]:
     """The expressions ``node`` sums: ``x.sum(...)``, ``torch.sum(x, ...)``, ``x.mean(...)``."""
     out = []
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
                 and sub.func.attr in ("sum", "mean"):
             if isinstance(sub.func.value, ast.Name) and sub.func.value.id == "torch" and sub.args:
@@ -23,14 +24,14 @@ def _summed(node: ast.AST) -> list[ast.AST]:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def overlap_scores_names(function: ast.AST) -> set[str]:
     """Names a function sums both multiplied by another name (the intersection ``(p * t).sum()``)
     and alone or added (the size ``p.sum()``, ``(p + t).sum()``): the scores of an overlap
     ratio. Only functions that divide."""
-    if not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(function)):
+    if not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in walk(function)):
         return set()
     products, sizes = set(), set()
     for summed in _summed(function):
@@ -47,7 +48,7 @@ def overlap_scores_names(function: ast.AST) -> set[str]:
 def _squashed(expr: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) and (
         (isinstance(n.func, ast.Attribute) and n.func.attr in _SQUASH)
-        or (isinstance(n.func, ast.Name) and n.func.id in _SQUASH)) for n in ast.walk(expr))
+        or (isinstance(n.func, ast.Name) and n.func.id in _SQUASH)) for n in walk(expr))
 
 
 def overlap_site(tree: ast.AST) -> tuple[int, str, str] | None:
@@ -57,12 +58,12 @@ def overlap_site(tree: ast.AST) -> tuple[int, str, str] | None:
     function's line when it reads its parameter as given. None when no function, or more than
     one, computes such a ratio on a name nothing squashes."""
     sites = []
-    for function in ast.walk(tree):
+    for function in walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         params = [a.arg for a in function.args.args]
         for name in sorted(overlap_scores_names(function)):
-            assigns = [n for n in ast.walk(function) if isinstance(n, ast.Assign)
+            assigns = [n for n in walk(function) if isinstance(n, ast.Assign)
                        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
             if any(_squashed(n.value) for n in assigns):
                 continue  # the function squashes them itself
@@ -88,12 +89,12 @@ def _mask_like(tree: ast.AST, function_name: str, name: str) -> bool:
     its making in the function (``F.one_hot(...)``, a comparison)."""
     if any(word in name.lower() for word in _MASK_WORDS) or name.lower() in ("y", "t", "m"):
         return True
-    for function in ast.walk(tree):
+    for function in walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name == function_name:
-            for n in ast.walk(function):
+            for n in walk(function):
                 if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
                     if any(isinstance(sub, ast.Compare) or (isinstance(sub, ast.Call) and "one_hot" in ast.unparse(sub.func))
-                           for sub in ast.walk(n.value)):
+                           for sub in walk(n.value)):
                         return True
     return False
 

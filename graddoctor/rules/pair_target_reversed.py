@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk as _own_nodes
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOSS_FUNCTIONS = frozenset({"binary_cross_entropy_with_logits", "binary_cross_entropy"})
 _LOSS_MODULES = frozenset({"BCEWithLogitsLoss", "BCELoss"})
@@ -127,12 +128,12 @@ def reversed_pair_targets(tree: ast.AST) -> list[dict]:
     whose target is a comparison of the same two indices' labels that calls ``j`` the higher:
     ``P(i ranks above j)`` trained toward ``y[j] > y[i]``."""
     modules: set[str] = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                 and _callee(node.value.func) in _LOSS_MODULES:
             modules.update(n for t in node.targets
                            if (n := _callee(t) if isinstance(t, (ast.Name, ast.Attribute)) else None))
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found, seen = [], set()
     for scope_node in scopes:
         scope = _Scope(scope_node)

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # the two ends of a span, of a relation or of a pair, as names spell them
 _PAIRS = (("start", "end"), ("begin", "end"), ("head", "tail"), ("subj", "obj"),
@@ -60,7 +61,7 @@ def _target_side(target: str, pair: tuple[str, str]) -> str | None:
 
 
 def _calls(func: ast.AST) -> list[ast.Call]:
-    return sorted((n for n in ast.walk(func) if isinstance(n, ast.Call) and len(n.args) >= 2),
+    return sorted((n for n in walk(func) if isinstance(n, ast.Call) and len(n.args) >= 2),
                   key=lambda c: (c.lineno, c.col_offset))
 
 
@@ -71,7 +72,7 @@ def paired_heads_one_target(tree: ast.AST) -> list[tuple[int, str, str, str, str
     same text, a target whose name holds one end (``start_positions``, ``h_idx``); the line is
     the call whose prediction the target's name does not match."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                              ast.Module))]
     seen = set()
     for scope in scopes:

@@ -6,13 +6,14 @@ import dataclasses
 from ..findings import Severity
 from ..analysis.optimizer_settings import TORCH_SETTINGS, meant_setting
 from .base import Rule, related
+from ..analysis.source import walk
 
 def key_sites(tree, key: str) -> tuple[bool, list[int]]:
     """Whether the script reads the key itself (``group["lr_mult"]``, ``g.get("LR")``: its own
     scheduler or update uses it), and the lines that write it into a dict (``"LR": 1e-2``,
     ``dict(LR=1e-2)``)."""
     read, written = False, []
-    for node in ast.walk(tree) if tree is not None else ():
+    for node in walk(tree) if tree is not None else ():
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                 and node.slice.value == key and not isinstance(node.ctx, ast.Store):
             read = True

@@ -5,6 +5,7 @@ from ..analysis import written
 from ..trace import Location
 from .base import Rule, related
 from .source import attribute_assignment, torch_nn
+from ..analysis.source import walk
 
 
 class ParamNotInOptimizer(Rule):
@@ -585,7 +586,7 @@ def _inside_class(a, loc) -> bool:
     if tree is None:
         return False
     return any(isinstance(node, ast.ClassDef) and node.lineno <= loc.line <= (node.end_lineno or node.lineno)
-               for node in ast.walk(tree))
+               for node in walk(tree))
 
 
 def _held_in_any(names, module: str) -> bool:

@@ -6,6 +6,7 @@ from ..analysis import written
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 
 class ParamSteppedTwice(Rule):
@@ -148,7 +149,7 @@ def _tying_line(a, where: Location | None, first: str, second: str) -> tuple | N
     if len(set(ends)) < 2 or any("." not in e for e in ends):
         return None
     found = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         value = node.value

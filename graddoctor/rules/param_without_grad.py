@@ -6,6 +6,7 @@ import re
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 MIN_STEPS = 2  # fewer steps are not enough evidence that a parameter never gets a gradient
 
@@ -421,7 +422,7 @@ def _flag_switched(a, path: str, line: int) -> bool:
     tree = a.source.tree(path)
     if tree is None:
         return False
-    switches = [n for n in ast.walk(tree) if isinstance(n, ast.If) and n.body
+    switches = [n for n in walk(tree) if isinstance(n, ast.If) and n.body
                 and n.body[0].lineno <= line <= (n.body[-1].end_lineno or n.body[-1].lineno)]
     if not switches:
         return False
@@ -536,30 +537,30 @@ def _stack_loop_miswired(a, cause) -> tuple[str, int, str, str] | None:
     if tree is None:
         return None
     func = loop = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             if func is None or node.lineno > func.lineno:
                 func = node
     if func is None:
         return None
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno):
             if loop is None or node.lineno > loop.lineno:
                 loop = node
     if loop is None:
         return None
-    call_stmt = next((st for st in ast.walk(loop) if isinstance(st, ast.Assign)
+    call_stmt = next((st for st in walk(loop) if isinstance(st, ast.Assign)
                       and st.lineno == line and isinstance(st.value, ast.Call)), None)
     if call_stmt is None:
         return None
-    results = {n.id for t in call_stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    results = {n.id for t in call_stmt.targets for n in walk(t) if isinstance(n, ast.Name)}
 
     def loads(node):
-        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        return {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
     end = loop.end_lineno or loop.lineno
-    for st in ast.walk(loop):
+    for st in walk(loop):
         if not isinstance(st, ast.Assign) or len(st.targets) != 1 \
                 or not isinstance(st.targets[0], ast.Name) or st is call_stmt:
             continue
@@ -569,13 +570,13 @@ def _stack_loop_miswired(a, cause) -> tuple[str, int, str, str] | None:
         if name not in read:
             before = any(isinstance(n, ast.Assign) and n.lineno < loop.lineno
                          and any(bound == name and _zero(value) for bound, value in _bindings(n))
-                         for n in ast.walk(func))
+                         for n in walk(func))
             after = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                        and n.lineno > end for n in ast.walk(func))
+                        and n.lineno > end for n in walk(func))
             if before and after and len(read & results) == 1:
                 return "overwrite", st.lineno, name, next(iter(read & results))
         else:
-            others = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
+            others = [n for n in walk(func) if isinstance(n, ast.Name) and n.id == name
                       and isinstance(n.ctx, ast.Load)
                       and not (st.lineno <= n.lineno <= (st.end_lineno or st.lineno))]
             if not others:
@@ -751,16 +752,16 @@ def _training_step_end(a, locs):
         tree = a.source.tree(loc.path) if loc is not None else None
         if tree is None:
             continue
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        defs = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and n.name == "training_step"]
         if len(defs) != 1:
             continue
         body = defs[0].body
-        returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return)]
+        returns = [n for n in walk(defs[0]) if isinstance(n, ast.Return)]
         if any(r.value is not None and not (isinstance(r.value, ast.Constant) and r.value.value is None)
                for r in returns):
             return None  # it returns something: not a missing return
-        losses = [n.lineno for n in ast.walk(defs[0]) if isinstance(n, (ast.Assign, ast.AnnAssign))
+        losses = [n.lineno for n in walk(defs[0]) if isinstance(n, (ast.Assign, ast.AnnAssign))
                   and any(isinstance(t, ast.Name) and "loss" in t.id.lower()
                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
         return Location(loc.path, max(losses) if losses else body[-1].lineno)

@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule, related
+from ..analysis.source import walk
 
 # a step_edit (instrument/undo.py) whose every measured update was taken back: the edit's
 # change points against the step's (cosine) and is nearly as long
@@ -241,11 +242,11 @@ def _edit_call(a, step_loc) -> tuple[Location, str] | None:
     if loop is None or tree is None:
         return None
     writes = {w[0] for w in a.source.param_writes(path)}
-    writers = {f.name for f in ast.walk(tree)
+    writers = {f.name for f in walk(tree)
                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                and any(f.lineno <= line <= (f.end_lineno or f.lineno) for line in writes)
                and not (f.lineno <= loop[0] <= (f.end_lineno or f.lineno))}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and loop[0] <= node.lineno <= loop[1]:
             name = node.func.attr if isinstance(node.func, ast.Attribute) else \
                 node.func.id if isinstance(node.func, ast.Name) else None
@@ -259,7 +260,7 @@ def _edit_call(a, step_loc) -> tuple[Location, str] | None:
 
 def _roots(text: str | None) -> set[str]:
     try:
-        return {n.id for n in ast.walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
+        return {n.id for n in walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
     except SyntaxError:
         return set()
 
@@ -311,7 +312,7 @@ def _zip_swapped(a, opt, where) -> tuple[Location, str, str] | None:
     written = re.match(r"\s*([A-Za-z_][A-Za-z_0-9]*)", text or "")
     if tree is None or not roots or written is None or not _COPY_NAMES.search(written.group(1)):
         return None
-    loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)
+    loops = [n for n in walk(tree) if isinstance(n, ast.For)
              and n.lineno < loc.line <= (n.end_lineno or n.lineno)
              and isinstance(n.target, ast.Tuple) and len(n.target.elts) == 2
              and all(isinstance(e, ast.Name) for e in n.target.elts)
@@ -349,13 +350,13 @@ def _call_swapped(a, opt, where) -> tuple[Location, str, str] | None:
         return None
     roots = _roots(a.source.call_argument(loc.path, init.loc.line, init.get("cls"), 0, "params"))
     roots -= {"torch", "filter", "list", "lambda", "p"}
-    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+    functions = [n for n in walk(tree) if isinstance(n, ast.FunctionDef)
                  and n.lineno < loc.line <= (n.end_lineno or n.lineno)]
     if not roots or not functions:
         return None
     function = max(functions, key=lambda n: n.lineno)
     params = [arg.arg for arg in function.args.posonlyargs + function.args.args]
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == function.name]
     if len(calls) != 1:
         return None

@@ -5,13 +5,14 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _LOGSUMEXP = ("logsumexp", "log_sum_exp", "logsumexp_")
 
 
 def _reads(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               for n in ast.walk(node))
+               for n in walk(node))
 
 
 def _mask_parameters(func: ast.FunctionDef) -> list[str]:
@@ -20,22 +21,22 @@ def _mask_parameters(func: ast.FunctionDef) -> list[str]:
 
 
 def _loop_assignments(loop: ast.For) -> list[ast.Assign]:
-    return sorted((s for s in ast.walk(loop) if isinstance(s, ast.Assign) and len(s.targets) == 1
+    return sorted((s for s in walk(loop) if isinstance(s, ast.Assign) and len(s.targets) == 1
                    and isinstance(s.targets[0], ast.Name)), key=lambda s: (s.lineno, s.col_offset))
 
 
 def _carried_by_loop(loop: ast.For, name: str, first: ast.Assign) -> bool:
     """Whether the loop reads ``name`` before it first rebinds it (in an earlier statement or in
     the value of that assignment): the name holds the previous step's value."""
-    for n in ast.walk(loop):
+    for n in walk(loop):
         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load):
-            if n.lineno < first.lineno or any(n is m for m in ast.walk(first.value)):
+            if n.lineno < first.lineno or any(n is m for m in walk(first.value)):
                 return True
     return False
 
 
 def logsumexp_calls(node: ast.AST) -> list[ast.Call]:
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call)
+    return [n for n in walk(node) if isinstance(n, ast.Call)
             and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) in _LOGSUMEXP]
 
 
@@ -46,13 +47,13 @@ def _recurrence(func: ast.FunctionDef) -> tuple[ast.For, ast.Assign] | None:
     names: ``nxt = alpha[:, :, None] + trans; nxt = torch.logsumexp(nxt, 1); alpha = nxt``).
     The carry is the last assignment to a name the loop reads before rebinding it (the
     previous step's scores); failing one, the last assignment to a name the call reads."""
-    for loop in ast.walk(func):
+    for loop in walk(func):
         if not isinstance(loop, ast.For):
             continue
         calls = logsumexp_calls(loop)
         if not calls:
             continue
-        read = {n.id for c in calls for n in ast.walk(c) if isinstance(n, ast.Name)}
+        read = {n.id for c in calls for n in walk(c) if isinstance(n, ast.Name)}
         assigned = _loop_assignments(loop)
         direct = [s for s in assigned if s.targets[0].id in read]
         if not direct:
@@ -63,7 +64,7 @@ def _recurrence(func: ast.FunctionDef) -> tuple[ast.For, ast.Assign] | None:
             grown = False
             for s in assigned:
                 if s.targets[0].id in feeding:
-                    new = {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} - feeding
+                    new = {n.id for n in walk(s.value) if isinstance(n, ast.Name)} - feeding
                     if new:
                         feeding |= new
                         grown = True
@@ -82,7 +83,7 @@ def partitions_ignoring_masks(tree: ast.AST) -> list[tuple[int, str, str, str, i
     that takes a mask, never reads it, and computes a forward algorithm's recurrence in a time
     loop, while another function of the same class (or module) reads a mask of its own."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.Module))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.ClassDef, ast.Module))]
     for scope in scopes:
         funcs = [n for n in scope.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         readers = {}

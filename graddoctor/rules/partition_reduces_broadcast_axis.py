@@ -7,6 +7,7 @@ from ..trace import Location
 from .base import Rule
 from .partition_ignores_mask import _loop_assignments, _recurrence, logsumexp_calls
 from .softmax_wrong_axis import _dim_of
+from ..analysis.source import walk
 
 
 def _const_int(node: ast.AST) -> int | None:
@@ -23,7 +24,7 @@ def broadcast_axis(expr: ast.AST, state: str) -> tuple[int, bool] | None:
     ``state[:, :, None]`` -> (2, False), ``state[..., None, :]`` -> (-2, True); None when
     ``expr`` holds no such term (or more than one)."""
     found = []
-    for n in ast.walk(expr):
+    for n in walk(expr):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
                 and n.func.attr == "unsqueeze" and isinstance(n.func.value, ast.Name) \
                 and n.func.value.id == state and len(n.args) == 1:
@@ -67,7 +68,7 @@ def broadcast_reductions(tree: ast.AST) -> list[tuple[int, str, str, str, int, i
     forward-algorithm recurrence whose ``logsumexp`` reduces over the very axis along which the
     previous step's scores are broadcast."""
     found = []
-    for func in ast.walk(tree):
+    for func in walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         recurrence = _recurrence(func)

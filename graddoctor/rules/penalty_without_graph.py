@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 
 _IDLE_SPAN = 10  # lines above a `.item()` term where a loss of a module without gradient defers to GD106
@@ -14,7 +15,7 @@ def _learnable_names(tree: ast.AST) -> set[str]:
     """Texts of the names and attributes the file binds to a trainable leaf: ``nn.Parameter(...)``
     or a tensor made with ``requires_grad=True``."""
     found = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
             continue
         call = node.value
@@ -35,18 +36,18 @@ def _scaled_by_learnable(tree: ast.AST | None, grad_line: int, backward_line: in
     learnable = _learnable_names(tree)
     if not learnable:
         return False
-    statements = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    statements = sorted((n for n in walk(tree) if isinstance(n, ast.Assign)
                          and (n.end_lineno or n.lineno) >= grad_line and n.lineno <= backward_line),
                         key=lambda n: n.lineno)
     tainted: set[str] = set()
     for node in statements:
-        reads = {ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, (ast.Name, ast.Attribute))}
+        reads = {ast.unparse(n) for n in walk(node.value) if isinstance(n, (ast.Name, ast.Attribute))}
         holds_grad = node.lineno <= grad_line <= (node.end_lineno or node.lineno)
         if holds_grad or reads & tainted:
             if not holds_grad:
-                for prod in ast.walk(node.value):
+                for prod in walk(node.value):
                     if isinstance(prod, ast.BinOp) and isinstance(prod.op, (ast.Mult, ast.Div)):
-                        sides = [{ast.unparse(n) for n in ast.walk(side) if isinstance(n, (ast.Name, ast.Attribute))}
+                        sides = [{ast.unparse(n) for n in walk(side) if isinstance(n, (ast.Name, ast.Attribute))}
                                  for side in (prod.left, prod.right)]
                         if (sides[0] & tainted and sides[1] & learnable) \
                                 or (sides[1] & tainted and sides[0] & learnable):

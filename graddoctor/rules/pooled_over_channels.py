@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _METHODS = {"max": "max", "amax": "amax", "mean": "mean", "sum": "sum", "logsumexp": "logsumexp"}
 
@@ -32,10 +33,10 @@ def _dim_of(call: ast.Call, method: bool):
 def pooling_calls(tree: ast.AST, op: str, ndim: int) -> list[tuple[int, str, bool]]:
     """``(line, text, in forward)`` of the calls of ``op`` (``torch.op(x, d)`` or ``x.op(d)``)
     whose literal dim is 1 (or ``1 - ndim``)."""
-    forwards = [(f.lineno, f.end_lineno or f.lineno) for f in ast.walk(tree)
+    forwards = [(f.lineno, f.end_lineno or f.lineno) for f in walk(tree)
                 if isinstance(f, ast.FunctionDef) and f.name == "forward"]
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == op):
             continue

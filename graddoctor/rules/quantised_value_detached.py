@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _PICKS = ("argmin", "argmax")
 _LOSS_WORDS = ("loss", "mse", "criterion", "l1", "huber", "kl_div", "cross_entropy")
@@ -20,7 +21,7 @@ def _callee(node: ast.AST) -> str | None:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def _reads(node: ast.AST, names: set[str]) -> bool:
@@ -141,7 +142,7 @@ def _fed_on(scope: ast.AST, name: str, after: int, quiet: set[int]) -> ast.AST |
 def detached_quantisations(tree: ast.AST) -> list[dict]:
     """Codes chosen by argmin/argmax, read from a table at those indices, detached and given on
     to a network (or returned) in a scope that writes no straight-through estimator."""
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for scope in scopes:
         assigns = sorted((n for n in scope_walk(scope) if isinstance(n, ast.Assign) and len(n.targets) == 1
@@ -154,7 +155,7 @@ def detached_quantisations(tree: ast.AST) -> list[dict]:
             if chosen is not None:
                 indices[name] = chosen
                 continue
-            hot = next((n for n in ast.walk(value) if _callee(n) == "one_hot" and n.args
+            hot = next((n for n in walk(value) if _callee(n) == "one_hot" and n.args
                         and isinstance(n.args[0], ast.Name) and n.args[0].id in indices), None)
             if hot is not None:
                 indices[name] = indices[hot.args[0].id]  # the choice as one-hot rows

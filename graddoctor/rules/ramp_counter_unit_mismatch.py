@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # the unit a length's name gives it, by its words (`warmup_steps`, `anneal_iters`, `n_epochs`)
 _STEP_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "update",
@@ -55,7 +56,7 @@ def _over_data(loop: ast.AST) -> bool:
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
         return False
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr == "backward" for stmt in loop.body for n in ast.walk(stmt))
+               and n.func.attr == "backward" for stmt in loop.body for n in walk(stmt))
 
 
 def _counters(scope: ast.AST) -> dict[str, str]:
@@ -63,16 +64,16 @@ def _counters(scope: ast.AST) -> dict[str, str]:
     a loop over batches (an epoch: ``for epoch in range(E): for x in loader:``), and a name
     incremented by one in the body of that inner loop (a step: ``step += 1`` per batch)."""
     units: dict[str, set] = {}
-    for loop in ast.walk(scope):
+    for loop in walk(scope):
         if not isinstance(loop, ast.For):
             continue
-        inner = [n for stmt in loop.body for n in ast.walk(stmt) if _over_data(n)]
+        inner = [n for stmt in loop.body for n in walk(stmt) if _over_data(n)]
         if not inner:
             continue
         if isinstance(loop.target, ast.Name):
             units.setdefault(loop.target.id, set()).add("epoch")
         for sub in inner:
-            for stmt in ast.walk(sub):
+            for stmt in walk(sub):
                 if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) \
                         and isinstance(stmt.target, ast.Name) \
                         and isinstance(stmt.value, ast.Constant) and stmt.value.value == 1:
@@ -86,16 +87,16 @@ def mismatched_ramps(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]
     (a ramp that reaches 1 only after as many epochs as it meant steps), a per-batch step
     counter over ``anneal_epochs`` (done within the first epoch)."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in [tree] + scopes:
         counters = _counters(scope)
         if not counters:
             continue
-        for stmt in ast.walk(scope):
+        for stmt in walk(scope):
             if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) \
                     or stmt.value is None:
                 continue
-            for node in ast.walk(stmt.value):
+            for node in walk(stmt.value):
                 if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)):
                     continue
                 counter = _counter(node.left)

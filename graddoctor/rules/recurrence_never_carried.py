@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # how scripts name the value a recurrence starts from, around the state's own name
 _SUFFIXES = ("0", "_0", "_init", "init", "_initial", "_start", "_begin", "_first")
@@ -31,7 +32,7 @@ def _bound(loop: ast.For | ast.While) -> dict[str, list[ast.AST]]:
     bound: dict[str, list[ast.AST]] = {}
     roots = [loop.target] if isinstance(loop, ast.For) else []
     for root in roots:
-        for n in ast.walk(root):
+        for n in walk(root):
             if isinstance(n, ast.Name):
                 bound.setdefault(n.id, []).append(loop)
     for stmt in loop.body:
@@ -62,7 +63,7 @@ def _steps_from(value: ast.AST, source: str) -> bool:
 
 def _blocks(tree: ast.AST):
     """Every statement list of the file (module, function and compound statement bodies)."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -148,7 +149,7 @@ def _increment_on_start(assign: ast.Assign, source: str, state: str, loop) -> bo
         for n in [stmt, *_scope_walk(stmt)]:
             if (isinstance(n, ast.Assign) and n.lineno < assign.lineno
                     and {m.id for m in _loads(n.value)} & derived):
-                derived |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+                derived |= {t.id for tgt in n.targets for t in walk(tgt) if isinstance(t, ast.Name)}
     if not ({n.id for n in _loads(assign.value)} & (derived - {state})):
         return False
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
@@ -171,7 +172,7 @@ def restarted_rollout(tree: ast.AST) -> tuple[int, str, str, str] | None:
     again at every step), ``fixed`` the statement reading ``name`` instead; None when no
     statement or several fit."""
     found = []
-    for block_owner in ast.walk(tree):
+    for block_owner in walk(tree):
         for field in ("body", "orelse"):
             block = getattr(block_owner, field, None)
             if not isinstance(block, list):
@@ -187,7 +188,7 @@ def restarted_rollout(tree: ast.AST) -> tuple[int, str, str, str] | None:
                             and len(stmt.value.args) == 1 and isinstance(stmt.value.args[0], ast.Name)):
                         continue
                     name, arg = stmt.targets[0].id, stmt.value.args[0].id
-                    read = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+                    read = {n.id for n in walk(stmt.value) if isinstance(n, ast.Name)}
                     if name in before and name not in read and arg not in _bound_in(loop.body):
                         call = stmt.value
                         fixed = f"{name} = " + ast.unparse(ast.Call(
@@ -198,7 +199,7 @@ def restarted_rollout(tree: ast.AST) -> tuple[int, str, str, str] | None:
 
 def _bound_in(statements) -> set:
     """Names the statements bind (assignments, loop targets), nested ones included."""
-    return {n.id for stmt in statements for n in ast.walk(stmt) if isinstance(n, ast.Name)
+    return {n.id for stmt in statements for n in walk(stmt) if isinstance(n, ast.Name)
             and isinstance(n.ctx, ast.Store)}
 
 

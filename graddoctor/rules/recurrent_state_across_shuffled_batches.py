@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _FRESH = "None, zeros, or init_hidden(batch_size)"
 
@@ -113,7 +114,7 @@ def _state_argument(a, loc) -> str | None:
     if tree is None:
         return None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or node.lineno != loc.line:
             continue
         hx = next((kw.value for kw in node.keywords if kw.arg == "hx"), None)

@@ -7,6 +7,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 from .quantised_value_detached import _callee, _no_grad_lines, _straight_through
+from ..analysis.source import walk
 
 _TEMPERATURES = frozenset({"tau", "temperature", "temp", "t_gumbel", "gumbel_tau"})
 _SOFT_CALLS = ("softmax", "gumbel", "relaxed", "concrete")
@@ -42,7 +43,7 @@ def _hardened(value: ast.AST, picks: dict[str, str]) -> str | None:
     """The soft name whose hard one-hot ``value`` is: ``F.one_hot(y.argmax(-1), K).float()``,
     ``F.one_hot(idx, K)`` for ``idx = y.argmax(-1)``, ``torch.zeros_like(y).scatter_(-1, idx,
     1.0)``."""
-    for node in ast.walk(value):
+    for node in walk(value):
         callee = _callee(node)
         if callee == "one_hot" and node.args:
             arg = node.args[0]
@@ -66,7 +67,7 @@ def _relaxed(scope: ast.FunctionDef, name: str, assigns: list) -> bool:
     params = {a.arg.lower() for a in scope.args.args + scope.args.kwonlyargs}
     made = [n for n in assigns if n.targets[0].id == name]
     soft = any(any(word in (_callee(sub) or "").lower() for word in _SOFT_CALLS)
-               for n in made for sub in ast.walk(n.value))
+               for n in made for sub in walk(n.value))
     return soft and bool(params & _TEMPERATURES)
 
 
@@ -107,7 +108,7 @@ def hardened_samples(tree: ast.AST) -> list[dict]:
     hard one-hot and given on or returned, in a function that writes no straight-through
     estimator and does not hand the soft sample on beside it."""
     found = []
-    for scope in ast.walk(tree):
+    for scope in walk(tree):
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         if _straight_through(scope):
@@ -129,7 +130,7 @@ def hardened_samples(tree: ast.AST) -> list[dict]:
             site = _given_on(scope, name, node.lineno, quiet)
             if site is None:
                 continue
-            handed = {n.id for n in ast.walk(site) if isinstance(n, ast.Name)}
+            handed = {n.id for n in walk(site) if isinstance(n, ast.Name)}
             if soft in handed:
                 continue  # the soft sample goes on too: the caller combines them
             found.append({"line": site.lineno, "statement": ast.unparse(site).strip()[:120],

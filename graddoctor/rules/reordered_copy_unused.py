@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _REORDERS = ("gather", "take_along_dim", "index_select")
 
@@ -27,7 +28,7 @@ def _source_of(value: ast.AST, loop_names: set[str]) -> tuple[str, str] | None:
         while isinstance(base, ast.Subscript):
             base = base.value
         index = value.slice
-        names = {n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
+        names = {n.id for n in walk(index) if isinstance(n, ast.Name)}
         if isinstance(base, ast.Name) and names and not names <= loop_names:
             return base.id, ast.unparse(index)
     return None
@@ -40,15 +41,15 @@ def unused_reorders(tree: ast.AST) -> list[tuple[int, str, str, int]]:
     the original tensor after it (in a return or an assignment): the original was used where
     the aligned copy was meant."""
     out = []
-    for function in ast.walk(tree):
+    for function in walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        inner = {id(n) for f in ast.walk(function) if f is not function
+        inner = {id(n) for f in walk(function) if f is not function
                  and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
-                 for n in ast.walk(f)}
-        nodes = [n for n in ast.walk(function) if id(n) not in inner]
+                 for n in walk(f)}
+        nodes = [n for n in walk(function) if id(n) not in inner]
         loops = {t.id for n in nodes if isinstance(n, (ast.For, ast.comprehension))
-                 for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+                 for t in walk(n.target) if isinstance(t, ast.Name)}
         loads = [n for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
         for n in nodes:
             if not (isinstance(n, ast.Assign) and len(n.targets) == 1

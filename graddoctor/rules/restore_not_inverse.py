@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _RESTORE = re.compile(r"restore|unshuffle|unsort|inverse|inv_perm|undo|back", re.I)
 
@@ -88,7 +89,7 @@ def _assignments(a, path: str) -> list[ast.Assign]:
     tree = a.source.tree(path)
     if tree is None:
         return []
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+    return [n for n in walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name)]
 
 

@@ -6,12 +6,13 @@ from ..findings import Related, Severity
 from ..trace import Location
 from ..analysis.source import scope_walk as _scope_walk
 from .base import Rule
+from ..analysis.source import walk
 
 _DRAWS = frozenset({"randperm", "permutation", "shuffle"})
 
 
 def _draw_call(tree: ast.AST, line: int) -> ast.Call | None:
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and getattr(node, "lineno", None) == line:
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
@@ -23,7 +24,7 @@ def _draw_call(tree: ast.AST, line: int) -> ast.Call | None:
 def _scope(tree: ast.AST, line: int) -> ast.AST:
     """The innermost function holding ``line``, else the module."""
     best = tree
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                 node.lineno <= line <= (node.end_lineno or node.lineno):
             if best is tree or node.lineno >= best.lineno:
@@ -51,7 +52,7 @@ def applied_to(tree: ast.AST, line: int) -> set[str]:
     name = func.attr if isinstance(func, ast.Attribute) else func.id
     if name == "shuffle":
         return {ast.unparse(call.args[0])} if call.args else set()
-    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    parents = {child: parent for parent in walk(tree) for child in ast.iter_child_nodes(parent)}
     drawn: ast.AST = call
     parent = parents.get(drawn)
     while isinstance(parent, ast.Subscript) and parent.value is drawn:
@@ -62,7 +63,7 @@ def applied_to(tree: ast.AST, line: int) -> set[str]:
             and isinstance(parent.targets[0], ast.Name)):
         return set()
     order = parent.targets[0].id
-    return {ast.unparse(node.value) for node in ast.walk(_scope(tree, line))
+    return {ast.unparse(node.value) for node in walk(_scope(tree, line))
             if isinstance(node, ast.Subscript) and _indexes_with(node.slice, order)}
 
 
@@ -121,7 +122,7 @@ def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     ``X[perm[i:i + bs]]``) and another array's rows at the same positions of the original
     order (``Y[i:i + bs]``)."""
     found = []
-    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    scopes = [tree, *(n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
     for scope in scopes:
         orders, cuts = _cut_orders(scope)
         ordered = _put_in_order(scope, orders)
@@ -129,7 +130,7 @@ def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
                   if isinstance(getattr(n, "body", None), list)]
         for block in blocks:
             simple = [stmt for stmt in block if isinstance(stmt, (ast.Assign, ast.Expr, ast.Return))]
-            reads = [(stmt.lineno, n) for stmt in simple for n in ast.walk(stmt)
+            reads = [(stmt.lineno, n) for stmt in simple for n in walk(stmt)
                      if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
                      and isinstance(n.ctx, ast.Load)]
             shuffled, plain = [], []
@@ -170,13 +171,13 @@ def fields_permuted_apart(tree: ast.AST) -> list[tuple[int, str, str, str]]:
     argument is indexed by a random permutation (inline, or a name the scope binds once to
     one) and another is passed in its own order."""
     found = []
-    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    scopes = [tree, *(n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
     for scope in scopes:
         bound: dict[str, list] = {}
         for node in _scope_walk(scope):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
-                    for name in ast.walk(target):
+                    for name in walk(target):
                         if isinstance(name, ast.Name):
                             bound.setdefault(name.id, []).append(node.value if target is name else None)
         for node in _scope_walk(scope):

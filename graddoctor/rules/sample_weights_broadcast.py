@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _SPAN = 40  # lines above a statement searched for the assignment of a name it reads
 _VISITED = 24  # statements looked at, at most, from the backward
@@ -22,12 +23,12 @@ def _number(node: ast.AST) -> bool:
 
 def _products(node: ast.AST) -> list[ast.BinOp]:
     """The ``*`` and ``/`` between two values neither of which is a literal number."""
-    return [sub for sub in ast.walk(node) if isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.Mult, ast.Div))
+    return [sub for sub in walk(node) if isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.Mult, ast.Div))
             and not _number(sub.left) and not _number(sub.right)]
 
 
 def _statements(tree: ast.AST) -> list[ast.stmt]:
-    return [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+    return [node for node in walk(tree) if isinstance(node, ast.stmt)
             and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For,
                                       ast.While, ast.If, ast.With, ast.Try))]
 
@@ -43,7 +44,7 @@ def _product_line(tree: ast.AST, line: int) -> tuple[int, list[ast.BinOp]] | Non
     if not start:
         return None
     functions: dict[str, list] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions.setdefault(node.name, []).append(node)
     queue, seen = [min(start, key=lambda s: (s.end_lineno or s.lineno) - s.lineno)], set()
@@ -54,20 +55,20 @@ def _product_line(tree: ast.AST, line: int) -> tuple[int, list[ast.BinOp]] | Non
         seen.add(id(stmt))
         if _products(stmt):
             return stmt.lineno, _products(stmt)
-        for sub in ast.walk(stmt):
+        for sub in walk(stmt):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                 bound = [s for s in simple if isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign))
                          and stmt.lineno - _SPAN <= s.lineno < stmt.lineno
                          and any(isinstance(t, ast.Name) and t.id == sub.id
                                  for target in (s.targets if isinstance(s, ast.Assign) else [s.target])
-                                 for t in ast.walk(target))]
+                                 for t in walk(target))]
                 if bound:
                     queue.append(max(bound, key=lambda s: s.lineno))
             elif isinstance(sub, ast.Call):
                 name = sub.func.attr if isinstance(sub.func, ast.Attribute) else getattr(sub.func, "id", None)
                 defs = functions.get(name, [])
                 if len(defs) == 1:
-                    body = [s for s in ast.walk(defs[0]) if isinstance(s, (ast.Return, ast.Assign))]
+                    body = [s for s in walk(defs[0]) if isinstance(s, (ast.Return, ast.Assign))]
                     queue.extend(sorted(body, key=lambda s: -s.lineno))
     return None
 

@@ -7,6 +7,7 @@ from ..analysis.negative_labels import negatives_labelled_positive, paired_label
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _CONSTANT_FOR = {1: ("ones_like", "new_ones", "ones"), 0: ("zeros_like", "new_zeros", "zeros")}
 _UP = 0.6  # the negatives' share of the gradient raising them, at least
@@ -37,7 +38,7 @@ def _negatives_term_unnegated(tree) -> tuple[int, str] | None:
     if tree is None:
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or len(node.args) != 1:
             continue
         func = node.func

@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _SPAN = 40  # lines above the sampler searched for the assignment of its weights
 
@@ -15,7 +16,7 @@ def per_sample_name_assignment(tree: ast.AST, line: int) -> tuple[int, str] | No
     sample (``sample_weights = class_weights``): the assignment is then the line to change; None
     otherwise (weights named per class or label are right where they are made: the sampler is
     given the wrong ones)."""
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and n.lineno == line
              and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "WeightedRandomSampler"]
     if len(calls) != 1:
         return None
@@ -23,7 +24,7 @@ def per_sample_name_assignment(tree: ast.AST, line: int) -> tuple[int, str] | No
     arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "weights"), None)
     if not isinstance(arg, ast.Name) or "sample" not in arg.id.lower():
         return None
-    bound = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
+    bound = [n for n in walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
              and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
     if not bound:
         return None

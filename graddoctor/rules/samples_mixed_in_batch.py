@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # the op a mixing autograd node stands for: the names the script calls it by (searched in its
 # source when the node's line is not known), and what to do instead
@@ -190,28 +191,28 @@ def _folded_into_running_estimate(a, e) -> bool:
     line = int(at[1])
     if tree is None:
         return False
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    functions = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and n.lineno <= line <= (n.end_lineno or n.lineno)]
     if not functions:
         return False
     function = max(functions, key=lambda n: n.lineno)
-    at_line = [n for n in ast.walk(function) if isinstance(n, ast.Assign) and n.lineno == line]
+    at_line = [n for n in walk(function) if isinstance(n, ast.Assign) and n.lineno == line]
     stats = {t.id for n in at_line for t in n.targets if isinstance(t, ast.Name)}
     if not stats:
         return False
     # the tensor the statistic is taken of: overwriting it with its own normalised value
     # (`x = (x - mean) / std`) is the normalisation, not a running estimate
-    inputs = {m.id for n in at_line for m in ast.walk(n.value) if isinstance(m, ast.Name)}
+    inputs = {m.id for n in at_line for m in walk(n.value) if isinstance(m, ast.Name)}
 
     def reads(node, names) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+        return any(isinstance(n, ast.Name) and n.id in names for n in walk(node))
 
-    for n in ast.walk(function):
+    for n in walk(function):
         if getattr(n, "lineno", 0) <= line:
             continue
         if isinstance(n, ast.Assign) and reads(n.value, stats):
             targets = {ast.unparse(t) for t in n.targets} - inputs
-            if any(ast.unparse(m) in targets for m in ast.walk(n.value)
+            if any(ast.unparse(m) in targets for m in walk(n.value)
                    if isinstance(m, (ast.Name, ast.Attribute))):
                 return True
         if isinstance(n, ast.AugAssign) and reads(n.value, stats) \

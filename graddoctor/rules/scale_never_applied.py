@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # a coefficient that multiplies an input, an output or a loss: preconditioning (c_in, c_skip,
 # c_out), a loss weighting, an attention or latent scale
@@ -14,7 +15,7 @@ _SCALE_NAME = re.compile(r"^(c_(in|out|skip|noise)|(\w+_)?(weight|weights|weight
 
 
 def _loads(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _body_statements(scope: ast.AST):
@@ -32,7 +33,7 @@ def _body_statements(scope: ast.AST):
 def _computes(value: ast.AST) -> bool:
     """Arithmetic over a name (not a constant, not a plain alias or call of nothing)."""
     return isinstance(value, (ast.BinOp, ast.UnaryOp, ast.Call)) and bool(_loads(value)) and not (
-        isinstance(value, ast.Call) and not any(isinstance(n, ast.BinOp) for n in ast.walk(value)))
+        isinstance(value, ast.Call) and not any(isinstance(n, ast.BinOp) for n in walk(value)))
 
 
 def _canon(node: ast.AST) -> str:
@@ -70,11 +71,11 @@ def _inlined(value: ast.AST, stmts, own: ast.stmt) -> bool:
         # another coefficient made of the same pieces (c_out beside c_in) applies nothing
         if s is own or (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)
                         and _SCALE_NAME.match(s.targets[0].id.lower())):
-            skip.update(id(n) for n in ast.walk(s))
+            skip.update(id(n) for n in walk(s))
     for s in stmts:
         if isinstance(s, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
             continue  # their own statements are in ``stmts``; their headers hold no product
-        for n in ast.walk(s):
+        for n in walk(s):
             if id(n) not in skip and isinstance(n, (ast.BinOp, ast.Call)) and _canon(n) in cores:
                 return True
     return False
@@ -102,7 +103,7 @@ def _inverse_sqrt(value: ast.AST) -> bool:
 def _default_scaled_attention(stmts) -> bool:
     """Whether the function calls ``scaled_dot_product_attention`` without ``scale=``: the
     kernel divides the scores by sqrt(d) on its own."""
-    calls = [n for s in stmts for n in ast.walk(s)
+    calls = [n for s in stmts for n in walk(s)
              if isinstance(n, ast.Call) and _callee(n) == "scaled_dot_product_attention"]
     return bool(calls) and all(not any(k.arg == "scale" for k in c.keywords) for c in calls)
 
@@ -112,17 +113,17 @@ def unapplied_scales(tree: ast.AST) -> list[tuple[int, str, str, list[str]]]:
     in a function that computes a loss or an output, and read nowhere in that function; the
     coefficients beside it that are read (``siblings``)."""
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         stmts = list(_body_statements(scope))
         if not any(isinstance(s, ast.Return) and s.value is not None for s in stmts) and not any(
-                isinstance(n, ast.Attribute) and n.attr == "backward" for s in stmts for n in ast.walk(s)):
+                isinstance(n, ast.Attribute) and n.attr == "backward" for s in stmts for n in walk(s)):
             continue
         if any(isinstance(s, (ast.Global, ast.Nonlocal)) for s in stmts):
             continue
         read = _loads(scope)
         if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars", "eval")
-               for n in ast.walk(scope)):
+               for n in walk(scope)):
             continue
         assigned = {}
         for s in stmts:

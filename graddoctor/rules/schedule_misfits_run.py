@@ -7,6 +7,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
 from .scheduler_period_mismatch import period_verdict
+from ..analysis.source import walk
 
 _PER_EPOCH = "step the scheduler once per epoch (after the batch loop), or "
 _SPENT_FIXES = {
@@ -410,11 +411,11 @@ def _sized_by_loader(a, loc) -> bool:
     tree = a.source.tree(loc.path) if loc is not None else None
     if tree is None:
         return False
-    statement = next((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Expr, ast.AnnAssign))
+    statement = next((n for n in walk(tree) if isinstance(n, (ast.Assign, ast.Expr, ast.AnnAssign))
                       and n.lineno <= loc.line <= (n.end_lineno or n.lineno)), None)
     if statement is None:
         return False
-    for n in ast.walk(statement):
+    for n in walk(statement):
         if isinstance(n, ast.keyword) and n.arg == "steps_per_epoch":
             return True
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len" and n.args:
@@ -434,7 +435,7 @@ def _whole_run_length(a, s, arg) -> str | None:
     tree = a.source.tree(loc.path) if loc is not None else None
     if tree is None:
         return None
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line), None)
+    node = next((n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line), None)
     value = node.value if node is not None else None
     if node is None or len(node.targets) != 1:
         return None
@@ -458,7 +459,7 @@ def _epochs_name(a, loc) -> str | None:
     tree = a.source.tree(loc.path) if loc is not None else None
     if tree is None:
         return None
-    return next((n.iter.args[0].id for n in ast.walk(tree) if isinstance(n, ast.For)
+    return next((n.iter.args[0].id for n in walk(tree) if isinstance(n, ast.For)
                  and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
                  and n.iter.func.id == "range" and len(n.iter.args) == 1
                  and isinstance(n.iter.args[0], ast.Name) and "epoch" in n.iter.args[0].id.lower()),
@@ -468,7 +469,7 @@ def _epochs_name(a, loc) -> str | None:
 def _named_per_epoch(a, loc) -> bool:
     """Whether the name assigned at ``loc`` says it counts one epoch (``updates_per_epoch``)."""
     tree = a.source.tree(loc.path)
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line),
+    node = next((n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno == loc.line),
                 None) if tree is not None else None
     return node is not None and any(isinstance(t, ast.Name) and "epoch" in t.id.lower()
                                     for t in node.targets)
@@ -481,7 +482,7 @@ def _keyword_name(a, s, arg) -> str | None:
     tree = a.source.tree(loc.path) if loc is not None else None
     if tree is None:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call)
              and n.lineno <= loc.line <= (n.end_lineno or n.lineno)]
     value = next((k.value for c in calls for k in c.keywords if k.arg == arg), None)
     return value.id if isinstance(value, ast.Name) else None
@@ -498,15 +499,15 @@ def _length_assignment(a, s, arg):
     name = _keyword_name(a, s, arg)
     if tree is None or name is None:
         return None
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
               and n.lineno <= loc.line <= (n.end_lineno or n.lineno)]
     scope = min(scopes, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if scopes else tree
-    assigned = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < loc.line
+    assigned = [n for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno < loc.line
                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     if len(assigned) != 1:
         return None
     reads_length = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
-                       for n in ast.walk(assigned[0].value))
+                       for n in walk(assigned[0].value))
     if not reads_length:
         return None
     return Location(loc.path, assigned[0].lineno)

@@ -4,6 +4,7 @@ import ast
 
 from ..findings import Severity
 from .base import Rule, related
+from ..analysis.source import walk
 
 _ZERO = 0.01  # of the schedule's highest lr: where a decay ends
 _BACK = 0.5  # of the highest lr: climbed back to
@@ -52,13 +53,13 @@ def _schedule_text(a, loc) -> str:
     if tree is None:
         return a.source.line_text(loc.path, loc.line)
     compound = (ast.For, ast.While, ast.If, ast.With, ast.FunctionDef, ast.ClassDef, ast.Try)
-    statement = next((node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+    statement = next((node for node in walk(tree) if isinstance(node, ast.stmt)
                       and not isinstance(node, compound)
                       and node.lineno <= loc.line <= (node.end_lineno or node.lineno)), None)
     if statement is None:
         return a.source.line_text(loc.path, loc.line)
-    names = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)}
-    defs = [ast.unparse(node) for node in ast.walk(tree)
+    names = {n.id for n in walk(statement) if isinstance(n, ast.Name)}
+    defs = [ast.unparse(node) for node in walk(tree)
             if isinstance(node, ast.FunctionDef) and node.name in names]
     return "\n".join([ast.unparse(statement), *defs])
 

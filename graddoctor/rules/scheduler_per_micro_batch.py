@@ -6,6 +6,7 @@ from ..analysis.lr import per_micro_batch
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule, related
+from ..analysis.source import walk
 
 
 class SchedulerPerMicroBatch(Rule):
@@ -107,12 +108,12 @@ def _prepare_without(a, s):
                  and any(isinstance(i.context_expr, ast.Call)
                          and isinstance(i.context_expr.func, ast.Attribute)
                          and i.context_expr.func.attr == "accumulate" for i in n.items)
-                 for n in ast.walk(tree))
+                 for n in walk(tree))
     if not inside:
         return None
-    name = next((t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == built.line
+    name = next((t.id for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno == built.line
                  for t in n.targets if isinstance(t, ast.Name)), None)
-    prepares = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    prepares = [n for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "prepare"]
     if name is None or len(prepares) != 1:
         return None

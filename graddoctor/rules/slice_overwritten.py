@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 
 def _base_name(target: ast.AST) -> str | None:
@@ -19,7 +20,7 @@ def _base_name(target: ast.AST) -> str | None:
 
 def _mentions(node: ast.AST, base: str) -> bool:
     root = base.split(".")[0]
-    return any(isinstance(n, ast.Name) and n.id == root for n in ast.walk(node))
+    return any(isinstance(n, ast.Name) and n.id == root for n in walk(node))
 
 
 def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
@@ -28,7 +29,7 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
     nothing between the two reading or changing the tensor, the value of the second not
     reading it either: the first write is lost before anything used it."""
     found = []
-    for block_owner in ast.walk(tree):
+    for block_owner in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(block_owner, field, None)
             if not isinstance(block, list):
@@ -48,7 +49,7 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
                                 if _mentions(stmt.value, b) or _mentions(target.slice, b)]:
                         del last[key]
                     if base is not None:
-                        last[text] = (stmt.lineno, base, {n.id for n in ast.walk(target.slice)
+                        last[text] = (stmt.lineno, base, {n.id for n in walk(target.slice)
                                                           if isinstance(n, ast.Name)})
                     continue
                 # any other statement: forget the writes of every tensor it mentions, and those
@@ -66,12 +67,12 @@ def overwritten_slices(tree: ast.AST) -> list[tuple[int, str, int]]:
 
 
 def _has_call(stmt: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) for n in ast.walk(stmt))
+    return any(isinstance(n, ast.Call) for n in walk(stmt))
 
 
 def _stored_names(stmt: ast.AST) -> set[str]:
     """Names a statement assigns as a whole."""
-    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return {n.id for n in walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 class SliceOverwritten(Rule):

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _MIXING = ("SoftmaxBackward", "LogSoftmaxBackward")
 
@@ -17,7 +18,7 @@ def _sum_over_classes(text: str) -> str | None:
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "sum":
             changed = False
@@ -238,10 +239,10 @@ def _top_class_of_batch_softmax(a, path: str) -> list[tuple[int, str, str, int, 
     if tree is None or not calls:
         return []
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
     seen: set = set()
     for scope in scopes:
-        for node in ast.walk(scope):
+        for node in walk(scope):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Name) and node.lineno in calls
                     and node.lineno not in seen):
@@ -249,11 +250,11 @@ def _top_class_of_batch_softmax(a, path: str) -> list[tuple[int, str, str, int, 
             name = node.targets[0].id
             if not (isinstance(node.value, ast.Call) and ast.unparse(node.value) == calls[node.lineno]):
                 continue  # the softmax itself assigned, not an expression of it (a log-prior plus scores)
-            if sum(1 for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
+            if sum(1 for n in walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
                    and any(isinstance(t, ast.Name) and t.id == name
                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))) != 1:
                 continue  # reassigned: the read may see another value
-            for read in ast.walk(scope):
+            for read in walk(scope):
                 if not isinstance(read, ast.Call) or getattr(read, "lineno", 0) <= node.lineno:
                     continue
                 func = read.func

@@ -8,6 +8,7 @@ from ..trace import Location
 from ..analysis.reorder import split_parts_crossed
 from ..training_calls import backward_lines
 from .base import Rule
+from ..analysis.source import walk
 
 _SPLITS = {"train": "train", "training": "train", "tr": "train", "trn": "train",
            "val": "val", "valid": "val", "validation": "val", "dev": "val", "va": "val",
@@ -25,7 +26,7 @@ def _words(name: str) -> list[str]:
 
 
 def _names(node: ast.AST) -> list[str]:
-    return [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+    return [n.id if isinstance(n, ast.Name) else n.attr for n in walk(node)
             if isinstance(n, (ast.Name, ast.Attribute))]
 
 
@@ -82,10 +83,10 @@ def crossed_pairs(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
     """``(line, call text, inputs text, their split, labels text, their split)`` of the dataset
     constructions (a callee named ``...Dataset`` or ``...Set``, or a class of the script
     subclassing a Dataset) given the inputs of one split and the labels of another."""
-    datasets = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+    datasets = {node.name for node in walk(tree) if isinstance(node, ast.ClassDef)
                 and any("Dataset" in ast.unparse(b) for b in node.bases)}
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         callee = _callee(node)
@@ -120,21 +121,21 @@ _SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)
 def _blocks(tree: ast.AST) -> dict[int, tuple[list, int]]:
     """Each simple statement's block and position in it, by the id of each node it holds."""
     out: dict[int, tuple[list, int]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if not isinstance(block, list):
                 continue
             for i, stmt in enumerate(block):
                 if isinstance(stmt, _SIMPLE):
-                    for inner in ast.walk(stmt):
+                    for inner in walk(stmt):
                         out[id(inner)] = (block, i)
     return out
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-               for n in ast.walk(stmt))
+               for n in walk(stmt))
 
 
 def _model_output(name: str, block: list, at: int) -> ast.AST | None:
@@ -164,9 +165,9 @@ def crossed_in_training(tree: ast.AST) -> list[tuple[int, str, str, str, str, st
     in the same block (``out = net(X_train[i:j])`` then ``crit(out, y_val[i:j])``)."""
     out = []
     blocks = _blocks(tree)
-    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and backward_lines(n)]
+    loops = [n for n in walk(tree) if isinstance(n, (ast.For, ast.While)) and backward_lines(n)]
     spans = [(loop.lineno, loop.end_lineno or loop.lineno) for loop in loops]
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Load):
             parts = list(node.elts)
         elif isinstance(node, ast.Call) and _callee(node) not in ("TensorDataset",) and not (

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _CENTRES = ("mean", "nanmean")
 _SCALES = ("std", "nanstd", "var", "nanvar")
@@ -68,7 +69,7 @@ def _bindings(tree: ast.AST) -> dict[str, list[tuple[int, tuple]]]:
     """Each name assigned a statistic: ``[(line, statistic), ...]`` (``m, s = x.mean(0), x.std()``
     included)."""
     out: dict[str, list] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         target, value = node.targets[0], node.value
@@ -121,10 +122,10 @@ def mixed_axes_standardisations(tree: ast.AST) -> list[tuple[int, str, str, obje
     uses_pandas = any(isinstance(n, (ast.Import, ast.ImportFrom)) and any(
         (a.name or "").split(".")[0] == "pandas" for a in n.names) or (
         isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "pandas")
-        for n in ast.walk(tree))
+        for n in walk(tree))
     bound = _bindings(tree)
     found, seen = [], set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
                 and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Sub)):
             continue

@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
+from ..analysis.source import walk
 
 # calls that make a zero to sum into: torch.zeros(()), torch.tensor(0.0), x.new_zeros(())
 _ZERO_CALLS = ("zeros", "zeros_like", "new_zeros")
@@ -59,7 +60,7 @@ def _backward_in(loop: ast.AST) -> bool:
 
 
 def _blocks(tree: ast.AST):
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -106,7 +107,7 @@ def _in_loop(loop: ast.For, zeros: dict[str, int], block: list):
         return
     after = block[block.index(loop) + 1:]
     read_after = set().union(*(_loads(s) for s in after)) if after else set()
-    target_names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    target_names = {n.id for n in walk(loop.target) if isinstance(n, ast.Name)}
     for name in read_after - target_names:
         stores = [n for stmt in loop.body for n in _stores(stmt, name)]
         reads = [stmt for stmt in loop.body if name in _loads(stmt)]

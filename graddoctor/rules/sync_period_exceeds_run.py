@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 # a call that writes a copy of the model: a target network's sync
 _SYNC_METHODS = frozenset({"load_state_dict", "copy_"})
@@ -41,7 +42,7 @@ def _constants(tree: ast.AST) -> dict[str, int]:
     """Names the file binds exactly once, to a constant int expression (in order)."""
     counts: dict[str, int] = {}
     values: dict[str, ast.AST] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         targets = []
         if isinstance(node, ast.Assign):
             targets = [t for t in node.targets if isinstance(t, ast.Name)]
@@ -52,7 +53,7 @@ def _constants(tree: ast.AST) -> dict[str, int]:
             if isinstance(node, ast.AnnAssign) and node.value is not None:
                 values[node.target.id] = node.value
         elif isinstance(node, (ast.For, ast.comprehension)):
-            targets = [n for n in ast.walk(node.target) if isinstance(n, ast.Name)]
+            targets = [n for n in walk(node.target) if isinstance(n, ast.Name)]
         for t in targets:
             counts[t.id] = counts.get(t.id, 0) + 1
     consts: dict[str, int] = {}
@@ -81,7 +82,7 @@ def _range_span(loop: ast.For, consts: dict) -> tuple[int, int] | None:
 def _syncs(body: list) -> str | None:
     """The text of the first call in ``body`` that writes a model copy, or None."""
     for stmt in body:
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else \
@@ -116,7 +117,7 @@ def _periodic(test: ast.AST, consts: dict) -> tuple[str, int, int] | None:
 
 def _parents(tree: ast.AST) -> dict:
     parents = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
     return parents
@@ -136,9 +137,9 @@ def _counter_max(tree: ast.AST, name: str, parents: dict, consts: dict) -> tuple
     """The largest value a step counter reaches, ``(value, how)``: bound once to a constant,
     raised by ``+= 1`` at one place only, under ``for ... in range(...)`` loops of constant
     bounds and no ``while`` loop (the product of their lengths)."""
-    starts = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    starts = [n for n in walk(tree) if isinstance(n, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-    raises = [n for n in ast.walk(tree) if isinstance(n, ast.AugAssign)
+    raises = [n for n in walk(tree) if isinstance(n, ast.AugAssign)
               and isinstance(n.target, ast.Name) and n.target.id == name]
     if len(starts) != 1 or len(raises) != 1 or not isinstance(raises[0].op, ast.Add):
         return None
@@ -170,7 +171,7 @@ def periods_beyond_run(tree: ast.AST) -> list[dict]:
     consts = _constants(tree)
     parents = _parents(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.If):
             continue
         periodic = _periodic(node.test, consts)

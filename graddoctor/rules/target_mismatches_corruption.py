@@ -6,6 +6,7 @@ from ..analysis.source import scope_walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 _NOISE = ("randn_like", "randn")
 # calls that compare a prediction with a target
@@ -130,20 +131,20 @@ def _read_as_target(scope: ast.AST, name: str, after: int, parents) -> ast.AST |
 def _integrates_backwards(tree: ast.AST) -> bool:
     """Whether the file steps a state against a network's output (``x = x - dt * model(x, t)``,
     ``x -= ...``): a sampler that integrates the negated velocity, which a reversed target fits."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub) \
-                and any(isinstance(n, ast.Call) for n in ast.walk(node.value)):
+                and any(isinstance(n, ast.Call) for n in walk(node.value)):
             return True
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Sub) \
                 and _text(node.value.left) == _text(node.targets[0]) \
-                and any(isinstance(n, ast.Call) for n in ast.walk(node.value.right)):
+                and any(isinstance(n, ast.Call) for n in walk(node.value.right)):
             return True
     return False
 
 
 def _scopes(tree: ast.AST):
-    return [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 def reversed_velocities(tree: ast.AST) -> list[dict]:

@@ -5,6 +5,7 @@ import ast
 from ..findings import Location, Severity
 from ..events import SOFT_CE
 from .base import Rule
+from ..analysis.source import walk
 
 # how each loss's target is documented, as the message states it
 _DOMAIN = {
@@ -163,7 +164,7 @@ _POSITION_MASKS_SKIP = ("eye", "diag")
 def _assigned_with(tree: ast.AST, name: str, word: str) -> bool:
     """Whether the file assigns ``name`` a value whose text holds ``word`` (``mask = torch.eye(n)``)."""
     return any(isinstance(n, ast.Assign) and any(ast.unparse(t) == name for t in n.targets)
-               and word in ast.unparse(n.value) for n in ast.walk(tree))
+               and word in ast.unparse(n.value) for n in walk(tree))
 
 
 def _inverted_fill(a, e) -> tuple[int, str, str, str] | None:
@@ -179,13 +180,13 @@ def _inverted_fill(a, e) -> tuple[int, str, str, str] | None:
     tree = a.source.tree(loc.path)
     if tree is None or (a.source.target_origin(loc.path, loc.line) or {}).get("made"):
         return None  # targets the script makes itself (torch.arange): the ones to move
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == loc.line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and n.lineno == loc.line
              and n.args and isinstance(n.args[0], ast.Name)]
     if len(calls) != 1:
         return None
     name = calls[0].args[0].id
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name:
             call = node.value

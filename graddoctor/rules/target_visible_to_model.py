@@ -7,6 +7,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _RECURRENT = ("RNN", "LSTM", "GRU")
 # how each of torch's attention modules takes a causal mask
@@ -467,7 +468,7 @@ def _reads_at(node: ast.AST, array: str, index_text: str) -> list[tuple[int, ast
     """``(position, subscript)`` of the reads of ``array`` whose index at that position is the
     text ``index_text``."""
     found = []
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Subscript) and ast.unparse(n.value) == array:
             key = n.slice
             items = key.elts if isinstance(key, ast.Tuple) else [key]
@@ -483,7 +484,7 @@ def rollout_targets_unshifted(tree: ast.AST) -> list[tuple[int, str, int, str, s
     and reads ``X[..., t0 + k]`` at the same position (the target of step k, which is the
     state of step k itself, not the next one)."""
     found = []
-    for owner in ast.walk(tree):
+    for owner in walk(tree):
         body = getattr(owner, "body", None)
         if not isinstance(body, list):
             continue
@@ -495,7 +496,7 @@ def rollout_targets_unshifted(tree: ast.AST) -> list[tuple[int, str, int, str, s
                                                       and loop.iter.args[0].value == 0))):
                 continue
             step = loop.target.id
-            carried = {n.id for stmt in loop.body for n in ast.walk(stmt)
+            carried = {n.id for stmt in loop.body for n in walk(stmt)
                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             for start in body[:i]:
                 if not (isinstance(start, ast.Assign) and len(start.targets) == 1
@@ -503,7 +504,7 @@ def rollout_targets_unshifted(tree: ast.AST) -> list[tuple[int, str, int, str, s
                         and start.targets[0].id in carried):
                     continue
                 state = start.targets[0].id
-                for n in ast.walk(start.value):
+                for n in walk(start.value):
                     if not isinstance(n, ast.Subscript):
                         continue
                     array = ast.unparse(n.value)
@@ -539,10 +540,10 @@ def _crop_keeping_end(a, path: str) -> int | None:
     if tree is None:
         return None
     found = []
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, ast.FunctionDef) or fn.name != "forward":
             continue
-        for n in ast.walk(fn):
+        for n in walk(fn):
             if not isinstance(n, ast.Subscript) or not isinstance(n.slice, ast.Tuple):
                 continue
             *lead, last = n.slice.elts
@@ -572,7 +573,7 @@ def _names(text: str) -> set[str]:
         tree = ast.parse(text.strip())
     except SyntaxError:
         return set()
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(tree) if isinstance(n, ast.Name)}
 
 
 def _decoder_input_from_target(a, call: Location, loss: Location) -> tuple[int, str, str] | None:
@@ -582,7 +583,7 @@ def _decoder_input_from_target(a, call: Location, loss: Location) -> tuple[int, 
     tree = a.source.tree(call.path)
     if tree is None or call.path != loss.path:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n, "lineno", None) == call.line
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call) and getattr(n, "lineno", None) == call.line
              and len(n.args) >= 2]
     if len(calls) != 1:
         return None
@@ -662,11 +663,11 @@ def _fft_wraps(a, path: str) -> tuple[int, str, str] | None:
     tree = a.source.tree(path)
     if tree is None:
         return None
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         forward, inverse = [], []
-        for n in ast.walk(fn):
+        for n in walk(fn):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
                 if n.func.attr in _FORWARD_FFT:
                     forward.append(n)
@@ -714,13 +715,13 @@ def _mask_set_to_none(a, path: str, line: int, keyword: str) -> tuple[Location, 
     tree = a.source.tree(path)
     if tree is None:
         return None
-    names = {kw.value.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+    names = {kw.value.id for node in walk(tree) if isinstance(node, ast.Call)
              and node.lineno <= line <= (node.end_lineno or node.lineno)
              for kw in node.keywords if kw.arg == keyword and isinstance(kw.value, ast.Name)}
     if len(names) != 1:
         return None
     name, = names
-    bound = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
+    bound = [node for node in walk(tree) if isinstance(node, ast.Assign)
              and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
     if len(bound) != 1 or not (isinstance(bound[0].value, ast.Constant) and bound[0].value.value is None):
         return None
@@ -876,13 +877,13 @@ def _decoder_fed_target(tree, backward_line: int) -> int | None:
 
     def sliced(call):
         return {n.value.id for arg in [*call.args, *(k.value for k in call.keywords)]
-                for n in ast.walk(arg) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)}
+                for n in walk(arg) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)}
 
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call)
              and backward_line - 12 <= n.lineno < backward_line]
     losses = [c for c in calls if any(w in callee(c).lower() for w in _LOSS_NAMES)]
     targets = set().union(*(sliced(c) for c in losses)) if losses else set()
-    inner = {id(n) for c in losses for n in ast.walk(c)}
+    inner = {id(n) for c in losses for n in walk(c)}
     fed = {c.lineno for c in calls if id(c) not in inner and sliced(c) & targets
            and not any(w in callee(c).lower() for w in _LOSS_NAMES)}
     return fed.pop() if len(fed) == 1 else None
@@ -896,11 +897,11 @@ def _step_indexed_call(tree) -> int | None:
     if tree is None:
         return None
     lines = set()
-    for loop in ast.walk(tree):
+    for loop in walk(tree):
         if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)):
             continue
         var = loop.target.id
-        passed = {a.id for stmt in loop.body for call in ast.walk(stmt) if isinstance(call, ast.Call)
+        passed = {a.id for stmt in loop.body for call in walk(stmt) if isinstance(call, ast.Call)
                   for a in call.args if isinstance(a, ast.Name)}
         for stmt in loop.body:
             # `inp = trg[t]` handed on to the decoder's call: the assignment feeds the step
@@ -910,7 +911,7 @@ def _step_indexed_call(tree) -> int | None:
                 index = stmt.value.slice.elts if isinstance(stmt.value.slice, ast.Tuple) else [stmt.value.slice]
                 if any(isinstance(i, ast.Name) and i.id == var for i in index):
                     lines.add(stmt.lineno)
-            for call in ast.walk(stmt):
+            for call in walk(stmt):
                 if not isinstance(call, ast.Call):
                     continue
                 for arg in call.args:

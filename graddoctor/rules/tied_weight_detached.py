@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 from .weight_factor_detached import _SHAPE_ONLY, _under_no_grad
+from ..analysis.source import walk
 
 # calls that apply a weight to an input: (function name, the weight's position, its keyword)
 _APPLIES = {"linear": (1, "weight"), "bilinear": (2, "weight"), "embedding": (1, "weight"),
@@ -72,15 +73,15 @@ def _graph_reads(cls: ast.ClassDef, chain: str, quiet: set[int]) -> list[int]:
     (``self.enc(x)`` for ``self.enc.weight``), outside ``torch.no_grad()``."""
     owner, _, leaf = chain.rpartition(".")
     lines = []
-    for node in ast.walk(cls):
+    for node in walk(cls):
         line = getattr(node, "lineno", None)
         if line is None or line in quiet:
             continue
         if isinstance(node, ast.Call) and leaf in _LAYER_PARAMS and owner != "self" \
                 and ast.unparse(node.func) == owner:
             lines.append(line)
-    parents = {id(c): p for p in ast.walk(cls) for c in ast.iter_child_nodes(p)}
-    for node in ast.walk(cls):
+    parents = {id(c): p for p in walk(cls) for c in ast.iter_child_nodes(p)}
+    for node in walk(cls):
         if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
                 and node.lineno not in quiet and ast.unparse(node) == chain):
             continue
@@ -103,7 +104,7 @@ def detached_tied_reads(tree: ast.AST) -> list[tuple[int, str, str, int]]:
     another method or statement of the class reads the same attribute with its gradient (or
     calls the layer that owns it): a tied weight, cut from the graph in one of its uses."""
     found = []
-    for cls in ast.walk(tree):
+    for cls in walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         quiet: set[int] = set()
@@ -112,10 +113,10 @@ def detached_tied_reads(tree: ast.AST) -> list[tuple[int, str, str, int]]:
                 quiet |= _under_no_grad(function)
                 if function.name in _SET_UP:  # building or initialising, not computing
                     quiet.update(range(function.lineno, (function.end_lineno or function.lineno) + 1))
-        statements = [s for s in ast.walk(cls) if isinstance(s, ast.stmt)
+        statements = [s for s in walk(cls) if isinstance(s, ast.stmt)
                       and not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.With, ast.If,
                                              ast.For, ast.While, ast.Try))]
-        for node in ast.walk(cls):
+        for node in walk(cls):
             if getattr(node, "lineno", None) in quiet:
                 continue
             for operand in _applied_weights(node):

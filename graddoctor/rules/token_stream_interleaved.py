@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _TRANSPOSED = re.compile(r"\.t\(\)|\.T\b|\.mT\b|transpose\(|permute\(|swapaxes\(|movedim\(")
 
@@ -19,7 +20,7 @@ def _of_a_tensor(text: str) -> bool:
     except SyntaxError:
         return False
     receiver = call.func.value if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
-    return receiver is not None and not any(isinstance(n, ast.Call) for n in ast.walk(receiver))
+    return receiver is not None and not any(isinstance(n, ast.Call) for n in walk(receiver))
 
 
 def batchify_line(a, path: str) -> tuple[int, str] | None:

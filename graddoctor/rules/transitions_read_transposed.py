@@ -8,6 +8,7 @@ from .base import Rule
 from .partition_ignores_mask import _recurrence, logsumexp_calls
 from .partition_reduces_broadcast_axis import _reduced_operand, broadcast_axis
 from .softmax_wrong_axis import _dim_of
+from ..analysis.source import walk
 
 _TRANSPOSES = ("t", "T", "mT", "transpose", "permute")
 
@@ -33,7 +34,7 @@ def _matrix_terms(operand: ast.AST) -> list[tuple[str, bool]]:
     (``self.trans.t()``, ``self.trans.T[None]``, ``self.trans.transpose(0, 1)``)."""
     terms = []
     seen = set()
-    for n in ast.walk(operand):
+    for n in walk(operand):
         if not (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                 and n.value.id == "self") or id(n) in seen:
             continue
@@ -45,7 +46,7 @@ def _matrix_terms(operand: ast.AST) -> list[tuple[str, bool]]:
             isinstance(n, ast.Attribute) and n.attr in _TRANSPOSES
             and isinstance(n.value, ast.Attribute) and n.value.attr == name
             and isinstance(n.value.value, ast.Name) and n.value.value.id == "self"
-            for n in ast.walk(operand))
+            for n in walk(operand))
         out.append((name, transposed))
     return out
 
@@ -57,7 +58,7 @@ def _time_order(index: ast.AST) -> int | None:
     if not isinstance(index, ast.Subscript):
         return None
     order = 0
-    for n in ast.walk(index.slice):
+    for n in walk(index.slice):
         if isinstance(n, ast.BinOp) and isinstance(n.right, ast.Constant) and n.right.value == 1:
             order = -1 if isinstance(n.op, ast.Sub) else (1 if isinstance(n.op, ast.Add) else order)
         elif isinstance(n, ast.Slice):
@@ -79,7 +80,7 @@ def _gold_reads(func: ast.AST, name: str) -> list[tuple[ast.Subscript, bool]]:
     """``(subscript, rows are the previous tag)`` for each ``self.<name>[a, b]`` whose two
     indices read a tag sequence at two different steps."""
     out = []
-    for n in ast.walk(func):
+    for n in walk(func):
         if not (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute)
                 and n.value.attr == name and isinstance(n.value.value, ast.Name)
                 and n.value.value.id == "self" and isinstance(n.slice, ast.Tuple)
@@ -97,7 +98,7 @@ def transposed_readings(tree: ast.AST) -> list[tuple[int, str, str, str, int, bo
     previous tag)`` for each class whose forward algorithm reads its transition matrix in one
     orientation while the gold path's score indexes it in the other."""
     found = []
-    for scope in ast.walk(tree):
+    for scope in walk(tree):
         if not isinstance(scope, ast.ClassDef):
             continue
         funcs = [n for n in scope.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]

@@ -6,6 +6,7 @@ from ..analysis.unread_twins import unread_twins
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 class TwinValueUnread(Rule):
@@ -109,7 +110,7 @@ def _fix(pairs: list[tuple[str, str]], text: str) -> str:
     if tree is not None and tree.body and isinstance(tree.body[0], ast.Assign):
         statement = tree.body[0]
         for name, twin in pairs:
-            for node in ast.walk(statement.value):
+            for node in walk(statement.value):
                 if isinstance(node, ast.Name) and node.id == twin:
                     node.id = name
                     break

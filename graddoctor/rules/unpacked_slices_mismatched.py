@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Related, Rule
+from ..analysis.source import walk
 
 
 def _const_int(node: ast.AST | None) -> int | None | bool:
@@ -51,14 +52,14 @@ def _overlaps(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
 
 def _later_stores(block: list[ast.stmt], after: int, names: set[str]) -> bool:
     for stmt in block[after + 1:]:
-        for n in ast.walk(stmt):
+        for n in walk(stmt):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in names:
                 return True
     return False
 
 
 def _blocks(tree: ast.AST):
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -143,7 +144,7 @@ def _drawn_orders(tree: ast.AST) -> set[str]:
     """Names assigned a random order or draw of indices (``perm = torch.randperm(n)``,
     ``idx = np.random.permutation(n)``)."""
     out = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
             func = node.value.func
@@ -157,7 +158,7 @@ def _paired(tree: ast.AST) -> set[frozenset]:
     """Pairs of names one unpacking of a call or a loop produces together (``x, y =
     sample_tasks(b, n)``, ``for x, y in loader``): arrays that belong together."""
     out = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         target, value = None, None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
@@ -187,7 +188,7 @@ def _permuted_alone(tree: ast.AST, unpackings: list) -> list[dict]:
                     if not (isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name)
                             and isinstance(bare, ast.Name)):
                         continue
-                    drawn = {n.id for n in ast.walk(sub.slice) if isinstance(n, ast.Name)} & orders
+                    drawn = {n.id for n in walk(sub.slice) if isinstance(n, ast.Name)} & orders
                     if not drawn or frozenset((sub.value.id, bare.id)) not in pairs_made:
                         continue
                     if _later_stores(block, i, {nb}):
@@ -231,7 +232,7 @@ def _sources(tree: ast.AST) -> dict[str, set[str]]:
         if isinstance(target, ast.Name) and isinstance(base, ast.Name) and base.id != target.id:
             found.setdefault(target.id, set()).add(base.id)
 
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
@@ -247,7 +248,7 @@ def _argument_parts(tree: ast.AST) -> dict[str, set[str]]:
     """For each name, the texts of the literal-indexed subscripts the file hands to a call as an
     argument (``masked_l1(p1, yb[:, 0], ob[:, 0])``): parts that play an argument's role."""
     parts: dict[str, set[str]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call):
             for arg in node.args:
                 if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name) \
@@ -257,7 +258,7 @@ def _argument_parts(tree: ast.AST) -> dict[str, set[str]]:
 
 
 def _calls_in(stmt: ast.stmt) -> list[ast.Call]:
-    return [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    return [n for n in walk(stmt) if isinstance(n, ast.Call)]
 
 
 _PARALLEL_SPAN = 4  # statements apart, at most, for two calls of one helper to be a copied pair

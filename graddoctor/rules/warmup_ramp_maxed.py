@@ -6,6 +6,7 @@ import re
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _COUNTER = re.compile(r"(^|_)(step|steps|it|iter|iters|iteration|epoch|update|updates|count|"
                       r"num_updates|optimization_step|global_step|n_iter)$|^(i_?)?step\w*$")
@@ -33,7 +34,7 @@ def _unwrap(node: ast.AST) -> ast.AST:
 
 
 def _counters(node: ast.AST, extra=frozenset()) -> set[str]:
-    return {_last(n) for n in ast.walk(node)
+    return {_last(n) for n in walk(node)
             if isinstance(n, (ast.Name, ast.Attribute))
             and (_COUNTER.search(_last(n).lower()) or (isinstance(n, ast.Name) and n.id in extra))}
 
@@ -50,7 +51,7 @@ def _is_ramp(node: ast.AST, extra=frozenset()) -> bool:
     if not any(isinstance(t, (ast.Name, ast.Attribute)) and _counters(t, extra) for t in terms):
         return False
     if any(isinstance(n, (ast.BinOp, ast.UnaryOp)) and isinstance(getattr(n, "op", None), (ast.Sub, ast.USub))
-           for n in ast.walk(num)):
+           for n in walk(num)):
         return False
     # a denominator that grows with the counter too must add more than the numerator does
     return True
@@ -64,7 +65,7 @@ def _number(node: ast.AST) -> float | None:
 
 def _bindings(tree: ast.AST) -> dict[str, list[tuple[int, ast.AST]]]:
     out: dict[str, list[tuple[int, ast.AST]]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             out.setdefault(ast.unparse(node.targets[0]), []).append((node.lineno, node.value))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -99,7 +100,7 @@ def _capped_later(tree: ast.AST, call: ast.Call, parents) -> bool:
             break
     if isinstance(node, ast.Assign) and len(node.targets) == 1:
         name = ast.unparse(node.targets[0])
-        for other in ast.walk(tree):
+        for other in walk(tree):
             if isinstance(other, ast.Call) and other.lineno > node.lineno and \
                     ast.unparse(other.func).rsplit(".", 1)[-1] in ("min", "minimum") and \
                     any(ast.unparse(a) == name for a in other.args):
@@ -123,9 +124,9 @@ def maxed_ramps(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     """``(line, call, cap, ramp, averaging)`` of ``max(cap, ramp)``: a fraction rising with the loop's
     counter, floored at a cap of 1 or at an averaging decay (0.5 or more, or named a decay)."""
     binds = _bindings(tree)
-    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    parents = {id(c): p for p in walk(tree) for c in ast.iter_child_nodes(p)}
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "max"
                 and len(node.args) == 2 and not node.keywords):
             continue

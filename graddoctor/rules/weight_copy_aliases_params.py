@@ -5,6 +5,7 @@ import ast
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 _HOW = {"copy_": "copy_()", "lerp_": "lerp_()", "set_": "set_()", ".data =": "the .data assignment"}
 
@@ -12,7 +13,7 @@ _HOW = {"copy_": "copy_()", "lerp_": "lerp_()", "set_": "set_()", ".data =": "th
 def _write_source(stmt: ast.AST, how: str) -> ast.AST | None:
     """The expression a line's write takes its source from: the value of ``x.data = v``, the
     first argument of ``x.copy_(v)`` / ``x.lerp_(v, w)`` / ``x.set_(v)``."""
-    for node in ast.walk(stmt):
+    for node in walk(stmt):
         if how == ".data =" and isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Attribute) and t.attr == "data" for t in node.targets):
             return node.value
@@ -28,7 +29,7 @@ def _write_source(stmt: ast.AST, how: str) -> ast.AST | None:
 
 def _statement(tree: ast.AST, line: int):
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                    ast.ClassDef, ast.For, ast.While,
                                                                    ast.If, ast.With, ast.Try)) \
@@ -40,7 +41,7 @@ def _statement(tree: ast.AST, line: int):
 
 def _function(tree: ast.AST, line: int):
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             if best is None or node.lineno >= best.lineno:
@@ -103,7 +104,7 @@ def store_lines(tree: ast.AST, write_line: int) -> list[tuple[int, str]]:
     string key) that the function around the write at ``write_line`` reads: ``[(line, name)]``."""
     scope = _function(tree, write_line) or tree
     read: set[str] = set()
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             read.add(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
@@ -112,7 +113,7 @@ def store_lines(tree: ast.AST, write_line: int) -> list[tuple[int, str]]:
                 and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
             read.add(node.slice.value)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and node.lineno != write_line \
                 and _uncopied(node.value):
             key = _key(node.targets[0])

@@ -5,6 +5,7 @@ import ast
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
+from ..analysis.source import walk
 
 
 # methods that keep a tensor's values (only its shape or dtype changes)
@@ -45,23 +46,23 @@ def _reads_with_grad(node: ast.AST, attribute: str, assigned: dict | None = None
     ``.detach()``, directly or through a local name the function assigned from such a read
     (``norm = self.v.norm(dim=1)``)."""
     if assigned:
-        for n in ast.walk(node):
+        for n in walk(node):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) \
                     and any(_reads_with_grad(value, attribute) for value in assigned.get(n.id, ())):
                 return True
     cut = {id(n.value) if isinstance(n, ast.Attribute) else id(n.func.value)
-           for n in ast.walk(node)
+           for n in walk(node)
            if ((isinstance(n, ast.Attribute) and n.attr == "data")
                or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                    and n.func.attr == "detach"))
            and _detached_attribute(n) is not None}
     return any(isinstance(n, ast.Attribute) and ast.unparse(n) == attribute and id(n) not in cut
-               for n in ast.walk(node))
+               for n in walk(node))
 
 
 def _under_no_grad(function: ast.AST) -> set[int]:
     lines: set[int] = set()
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.With) and any("no_grad" in ast.unparse(item.context_expr)
                                               or "inference_mode" in ast.unparse(item.context_expr)
                                               for item in node.items):
@@ -74,18 +75,18 @@ def detached_factors(tree: ast.AST) -> list[tuple[int, str, str]]:
     factors reads a module attribute through ``.data``/``.detach()`` while another factor reads
     the same attribute with its gradient (``self.g * self.v.data / self.v.norm(dim=1)``)."""
     found = []
-    for function in ast.walk(tree):
+    for function in walk(tree):
         if not isinstance(function, ast.FunctionDef) or function.name != "forward":
             continue
         quiet = _under_no_grad(function)
         assigned: dict[str, list] = {}
-        for stmt in ast.walk(function):
+        for stmt in walk(function):
             if isinstance(stmt, ast.Assign) and stmt.lineno not in quiet:
                 for target in stmt.targets:
                     if isinstance(target, ast.Name):
                         assigned.setdefault(target.id, []).append(stmt.value)
         seen: set[int] = set()
-        for node in ast.walk(function):
+        for node in walk(function):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div))) \
                     or node.lineno in quiet or node.lineno in seen:
                 continue
@@ -96,7 +97,7 @@ def detached_factors(tree: ast.AST) -> list[tuple[int, str, str]]:
                     continue
                 if any(_reads_with_grad(other, attribute, assigned)
                        for j, other in enumerate(factors) if j != i):
-                    statement = next((s for s in ast.walk(function) if isinstance(s, ast.stmt)
+                    statement = next((s for s in walk(function) if isinstance(s, ast.stmt)
                                       and not isinstance(s, (ast.FunctionDef, ast.With, ast.If,
                                                              ast.For, ast.While, ast.Try))
                                       and s.lineno <= node.lineno <= (s.end_lineno or s.lineno)),

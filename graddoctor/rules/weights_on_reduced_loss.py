@@ -6,6 +6,7 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 from .sample_weights_broadcast import _SPAN, _product_line
+from ..analysis.source import walk
 
 _SHAPE_WORDS = {"mean": "the batch's mean", "sum": "the batch's sum"}
 
@@ -57,10 +58,10 @@ def _loss_assignment(tree: ast.AST, line: int) -> int:
     ``.backward()`` is called on ``line`` (a line of several statements,
     ``opt.zero_grad(); loss.backward(); opt.step()``, is searched from its backward); ``line``
     itself when there is none."""
-    names = {n.func.value.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+    names = {n.func.value.id for n in walk(tree) if isinstance(n, ast.Call)
              and getattr(n, "lineno", None) == line and isinstance(n.func, ast.Attribute)
              and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)}
-    bound = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
+    bound = [n.lineno for n in walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
              and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)]
     return max(bound) if len(names) == 1 and bound else line
 
@@ -75,14 +76,14 @@ def reduced_loss_call(tree: ast.AST, line: int) -> tuple[int, ast.Call | None] |
     if found is None:
         return None
     product_line, products = found
-    assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+    assigns = [n for n in walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
                and isinstance(n.targets[0], ast.Name) and _loss_call(n.value)
                and product_line - _SPAN <= n.lineno < product_line]
     for product in products:
         if not isinstance(product.op, ast.Mult):
             continue
         for side in (product.left, product.right):
-            for node in ast.walk(side):
+            for node in walk(side):
                 if _loss_call(node) and not _unreduced(node):
                     return product_line, node
                 if isinstance(node, ast.Name):
@@ -99,7 +100,7 @@ def construction(tree: ast.AST, call: ast.Call, line: int) -> ast.Assign | None:
     (``criterion = nn.MSELoss()``, ``self.loss_fn = nn.BCEWithLogitsLoss(pos_weight=w)``),
     or None."""
     name = ast.unparse(call.func)
-    built = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+    built = [n for n in walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
              and ast.unparse(n.targets[0]) == name and isinstance(n.value, ast.Call)
              and "loss" in _call_name(n.value).lower()]
     before = [n for n in built if n.lineno < line]
