@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import linecache
 from functools import lru_cache
-from .source import walk
 
 _REDUCE = {"mean", "sum", "nanmean"}
 
@@ -36,12 +35,12 @@ def _is_log_softmax(node) -> bool:
 
 
 def _reads(node, names: set[str]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in names for n in walk(node))
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
 
 
 def _picks(node, logs: set[str]) -> bool:
     """A ``gather`` or subscript of a log-softmax (inline or a name bound to one)."""
-    for n in walk(node):
+    for n in ast.walk(node):
         if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "gather" \
                 and isinstance(n.func, ast.Attribute) \
                 and (_is_log_softmax(n.func.value) or _reads(n.func.value, logs)):
@@ -60,8 +59,8 @@ def unsigned_loglik_line(path: str) -> tuple[int, str] | None:
     tree = _tree("".join(lines)) if lines else None
     if tree is None:
         return None
-    for scope in [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
-        body = [s for s in walk(scope) if isinstance(s, (ast.Assign, ast.Return, ast.AugAssign))]
+    for scope in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        body = [s for s in ast.walk(scope) if isinstance(s, (ast.Assign, ast.Return, ast.AugAssign))]
         body.sort(key=lambda s: s.lineno)
         logs: set[str] = set()
         picked: set[str] = set()
@@ -74,13 +73,13 @@ def unsigned_loglik_line(path: str) -> tuple[int, str] | None:
             if _is_log_softmax(value):
                 logs.update(targets)
                 continue
-            if _picks(value, logs) and not any(isinstance(n, ast.BinOp) for n in walk(value)):
+            if _picks(value, logs) and not any(isinstance(n, ast.BinOp) for n in ast.walk(value)):
                 picked.update(targets)
                 continue
             if not picked or any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
-                                 for n in walk(value)):
+                                 for n in ast.walk(value)):
                 continue
-            for n in walk(value):
+            for n in ast.walk(value):
                 used = (isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Div))
                         and (_reads(n.left, picked) and not isinstance(n.left, ast.BinOp)
                              or _reads(n.right, picked) and not isinstance(n.right, ast.BinOp))) \
@@ -88,6 +87,6 @@ def unsigned_loglik_line(path: str) -> tuple[int, str] | None:
                         and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
                         and n.func.value.id in picked)
                 if used and not any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
-                                    and _reads(b.right, picked) for b in walk(value)):
+                                    and _reads(b.right, picked) for b in ast.walk(value)):
                     return stmt.lineno, lines[stmt.lineno - 1].strip()
     return None
