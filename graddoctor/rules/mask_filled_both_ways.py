@@ -47,7 +47,7 @@ class MaskFilledBothWays(Rule):
     code = "GD432"
     slug = "mask-filled-both-ways"
     severity = Severity.WARNING
-    summary = ("one padding mask is given to `masked_fill(-inf)` as it is at one call and "
+    summary = ("one padding mask is given to masked_fill(-inf) as it is at one call and "
                "complemented at another: one of them leaves out the real positions and keeps "
                "the padding")
     fix = "give the mask the same way at every fill that leaves out the padding"
